@@ -1,0 +1,94 @@
+"""The one exception tree of sandbox-runtime.
+
+Infrastructure failures are exceptions the *host* sees; failures of the model's own code (a script that
+raises, runs out of time or memory) are *results* with ``is_error`` set, never exceptions.
+
+::
+
+    SandboxRuntimeError
+    ├── PolicyError (ValueError)               a policy file or value is invalid
+    ├── InvalidConversationId (ValueError)     a conversation id has bad characters or length
+    ├── PathRejected (PermissionError)         a model-supplied path is refused
+    │   ├── PathOutsideResults                 it resolves outside the results folder (or is malformed)
+    │   ├── UnsafeFileType                     symlink, FIFO, device, socket, directory, hard link, other device
+    │   └── FileTooLarge                       larger than the cap for this read
+    ├── PathNotFound (FileNotFoundError)       a well-formed path names nothing in the results folder
+    ├── EngineUnavailable (ConnectionError)    the Docker engine cannot be reached
+    ├── SelfCheckFailed                        the hardening profile is not in force: no sandbox starts
+    ├── ImageError                             the executor image is missing or could not be built
+    ├── SandboxError                           a container could not be created, started or used
+    └── QuotaError (OSError)                   the per-conversation disk quota could not be set up
+
+Built-in mix-ins let callers catch ``ValueError``, ``PermissionError``, ``ConnectionError`` or ``OSError``
+without importing this module.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "EngineUnavailable",
+    "FileTooLarge",
+    "ImageError",
+    "InvalidConversationId",
+    "PathNotFound",
+    "PathOutsideResults",
+    "PathRejected",
+    "PolicyError",
+    "QuotaError",
+    "SandboxError",
+    "SandboxRuntimeError",
+    "SelfCheckFailed",
+    "UnsafeFileType",
+]
+
+
+class SandboxRuntimeError(Exception):
+    """Root of every exception raised by sandbox-runtime."""
+
+
+class PolicyError(SandboxRuntimeError, ValueError):
+    """A policy file or value is invalid; the message names the field path and the reason."""
+
+
+class InvalidConversationId(SandboxRuntimeError, ValueError):
+    """A conversation id is empty, too long, or has characters outside ``[A-Za-z0-9_-]``."""
+
+
+class PathRejected(SandboxRuntimeError, PermissionError):
+    """A model-supplied path was refused; nothing outside the results folder was opened."""
+
+
+class PathOutsideResults(PathRejected):
+    """The path is malformed or resolves outside the conversation's results folder."""
+
+
+class UnsafeFileType(PathRejected):
+    """The path names a symlink, FIFO, device, socket, directory, hard link or a file on another device."""
+
+
+class FileTooLarge(PathRejected):
+    """The file is larger than the byte cap of this read."""
+
+
+class PathNotFound(SandboxRuntimeError, FileNotFoundError):
+    """A well-formed path under the results folder names no file (or a parent folder is missing)."""
+
+
+class EngineUnavailable(SandboxRuntimeError, ConnectionError):
+    """The Docker engine cannot be reached (not installed, not running, or no permission)."""
+
+
+class SelfCheckFailed(SandboxRuntimeError):
+    """The canary container showed that a protection is missing; the message says which and how to fix it."""
+
+
+class ImageError(SandboxRuntimeError):
+    """The executor image is missing or could not be built."""
+
+
+class SandboxError(SandboxRuntimeError):
+    """A sandbox container could not be created, started, inspected or used."""
+
+
+class QuotaError(SandboxRuntimeError, OSError):
+    """The per-conversation disk quota could not be set up or read."""

@@ -1,0 +1,145 @@
+"""Policies: every limit of the runtime, with its unit in its name, loaded from TOML into frozen models.
+
+A policy file names only what it changes; every field has a documented default (see ``policies/``).
+Unknown keys are errors, so a typo never silently falls back to a default.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import tomllib
+from importlib import resources
+from pathlib import Path
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from sandbox_runtime.errors import PolicyError
+
+__all__ = [
+    "BUILTIN_POLICY_NAMES",
+    "Policy",
+    "RunPolicy",
+    "SandboxLimits",
+    "SandboxPolicy",
+    "StorePolicy",
+    "load_policy",
+    "policy_from_mapping",
+]
+
+MiB = 1024 * 1024
+BUILTIN_POLICY_NAMES = ("default", "strict", "gvisor")
+
+PositiveInt = Annotated[int, Field(gt=0)]
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class SandboxLimits(_Model):
+    """Resource limits applied to every sandbox container."""
+
+    memory_bytes: PositiveInt = Field(512 * MiB, description="Memory limit; swap is set equal (no swap).")
+    cpus: float = Field(1.0, gt=0, le=64, description="CPU quota in cores (Docker nano_cpus).")
+    pids_max: PositiveInt = Field(256, description="Most processes and threads at once (>= 256 under gVisor).")
+    tmpfs_bytes: PositiveInt = Field(64 * MiB, description="Size of the /tmp tmpfs.")
+    open_files_max: PositiveInt = Field(1024, description="RLIMIT_NOFILE: open file descriptors per process.")
+    file_size_max_bytes: PositiveInt = Field(512 * MiB, description="RLIMIT_FSIZE: largest single file.")
+    cpu_time_max_s: PositiveInt = Field(3600, description="RLIMIT_CPU backstop per process, in CPU seconds.")
+
+
+class SandboxPolicy(_Model):
+    """How sandbox containers are made and how long they live."""
+
+    runtime: Literal["runc", "runsc"] = Field("runc", description="OCI runtime; 'runsc' is gVisor.")
+    image: str | None = Field(None, description="Executor image; None means the locally built content tag.")
+    uid: int = Field(10001, gt=0, description="Non-root uid the code runs as (never 0).")
+    gid: int = Field(10001, gt=0, description="Non-root gid the code runs as (never 0).")
+    results_mount_path: str = Field("/mnt/results", description="Where the results folder appears inside.")
+    idle_timeout_s: PositiveInt = Field(1800, description="Remove a sandbox unused this long (seconds).")
+    max_lifetime_s: PositiveInt = Field(86400, description="Remove any sandbox this old (seconds).")
+    start_timeout_s: PositiveInt = Field(60, description="Longest wait for a container to start (seconds).")
+    limits: SandboxLimits = SandboxLimits()
+
+
+class RunPolicy(_Model):
+    """Limits of one ``run_python`` call."""
+
+    default_timeout_s: float = Field(60.0, gt=0, description="Wall-clock limit when the call names none.")
+    max_timeout_s: float = Field(600.0, gt=0, description="Largest timeout_s a call may ask for.")
+    kill_grace_s: float = Field(2.0, ge=0, le=30, description="SIGTERM to SIGKILL grace on timeout (seconds).")
+    stdout_max_bytes: PositiveInt = Field(1 * MiB, description="Captured stdout cap; past it: output_limit.")
+    stderr_max_bytes: PositiveInt = Field(1 * MiB, description="Captured stderr cap; past it: output_limit.")
+    inline_code_max_bytes: PositiveInt = Field(1 * MiB, description="Largest inline `code` argument.")
+    script_args_max_count: PositiveInt = Field(256, description="Most entries in `args`.")
+    error_message_max_chars: PositiveInt = Field(2000, description="Longest short error message for the model.")
+
+
+class StorePolicy(_Model):
+    """Per-conversation folders on the host."""
+
+    quota_bytes: PositiveInt = Field(1024 * MiB, description="Disk quota of one conversation's results folder.")
+    quota_mode: Literal["auto", "loop", "measured"] = Field(
+        "auto",
+        description="'loop': kernel-enforced ext4 image per conversation (needs root); 'measured': usage "
+        "checked after each run (no root needed); 'auto': loop where possible, else measured.",
+    )
+    args_file_max_bytes: PositiveInt = Field(1 * MiB, description="Largest JSON argument file (bytes).")
+    read_max_bytes: PositiveInt = Field(64 * MiB, description="Largest file the host reads from results.")
+
+
+class Policy(_Model):
+    """A whole policy: sandbox, run and store settings."""
+
+    name: str = Field("custom", description="A label shown by doctor and ls.")
+    sandbox: SandboxPolicy = SandboxPolicy()
+    run: RunPolicy = RunPolicy()
+    store: StorePolicy = StorePolicy()
+
+    def digest(self) -> str:
+        """A short, stable hash of every value; carried as a container label."""
+        canonical = json.dumps(self.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(canonical.encode()).hexdigest()[:16]
+
+
+def _describe(exc: ValidationError, source: str) -> str:
+    lines = [f"invalid policy {source}:"]
+    for err in exc.errors():
+        where = ".".join(str(part) for part in err["loc"]) or "(top level)"
+        lines.append(f"  {where}: {err['msg']}")
+    return "\n".join(lines)
+
+
+def policy_from_mapping(data: dict[str, object], source: str = "(mapping)") -> Policy:
+    """Validate a parsed policy mapping; raise :class:`PolicyError` naming each bad field path."""
+    try:
+        policy = Policy.model_validate(data)
+    except ValidationError as exc:
+        raise PolicyError(_describe(exc, source)) from exc
+    if policy.sandbox.runtime == "runsc" and policy.sandbox.limits.pids_max < 256:
+        raise PolicyError(f"invalid policy {source}:\n  sandbox.limits.pids_max: must be >= 256 under runsc")
+    if policy.run.default_timeout_s > policy.run.max_timeout_s:
+        raise PolicyError(f"invalid policy {source}:\n  run.default_timeout_s: larger than run.max_timeout_s")
+    return policy
+
+
+def load_policy(name_or_path: str | Path = "default") -> Policy:
+    """Load a built-in policy by name (``default``, ``strict``, ``gvisor``) or a TOML file by path."""
+    text: str
+    if isinstance(name_or_path, str) and name_or_path in BUILTIN_POLICY_NAMES:
+        source = f"'{name_or_path}'"
+        text = resources.files("sandbox_runtime").joinpath("_data", "policies", f"{name_or_path}.toml").read_text()
+    else:
+        path = Path(name_or_path)
+        source = str(path)
+        try:
+            text = path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            raise PolicyError(f"cannot read policy {source}: {exc}") from exc
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise PolicyError(f"invalid policy {source}: not TOML: {exc}") from exc
+    return policy_from_mapping(data, source)
