@@ -9,7 +9,6 @@ from __future__ import annotations
 import hashlib
 import json
 import tomllib
-from importlib import resources
 from pathlib import Path
 from typing import Annotated, Literal
 
@@ -30,6 +29,7 @@ __all__ = [
 
 MiB = 1024 * 1024
 BUILTIN_POLICY_NAMES = ("default", "strict", "gvisor")
+_POLICY_DIR = Path(__file__).resolve().parent / "_data" / "policies"
 
 PositiveInt = Annotated[int, Field(gt=0)]
 
@@ -130,7 +130,7 @@ def load_policy(name_or_path: str | Path = "default") -> Policy:
     text: str
     if isinstance(name_or_path, str) and name_or_path in BUILTIN_POLICY_NAMES:
         source = f"'{name_or_path}'"
-        text = resources.files("sandbox_runtime").joinpath("_data", "policies", f"{name_or_path}.toml").read_text()
+        text = (_POLICY_DIR / f"{name_or_path}.toml").read_text(encoding="utf-8")
     else:
         path = Path(name_or_path)
         source = str(path)

@@ -1,0 +1,1 @@
+"""sandbox-runtime: hardened per-conversation sandboxes and a data path that bypasses model output."""

@@ -1,0 +1,162 @@
+"""In-sandbox runner: start one script in its own session, enforce its wall-clock limit, leave no process.
+
+Usage: run.py TIMEOUT_S GRACE_S STDOUT_MAX_BYTES STDERR_MAX_BYTES PROGRAM [ARG...]
+
+The container's own command (the keeper) runs under a different uid from the code, so ``kill(-1, ...)``
+from here reaches every process of the code's uid except this runner: processes left by an earlier run
+(a double-forked daemon) are ended before the script starts, and everything the script started is ended
+after it returns. The exit status is the script's (128 + signal number when a signal ended it); 124 means
+this runner stopped it at its time limit, 125 that it passed an output cap (the runner relays stdout and
+stderr through pipes of its own and stops at cap + 1 bytes, so the host never has to cut the stream).
+Standard library only: this file runs inside the executor image.
+"""
+
+import os
+import selectors
+import signal
+import sys
+import time
+
+TIMEOUT_EXIT = 124
+OUTPUT_LIMIT_EXIT = 125
+
+
+def _others_exist():
+    """Whether any process of this uid other than this one is alive (zombies excepted)."""
+    me, uid = os.getpid(), os.getuid()
+    for name in os.listdir("/proc"):
+        if not name.isdigit() or int(name) == me:
+            continue
+        try:
+            if os.stat("/proc/" + name).st_uid != uid:
+                continue
+            with open("/proc/" + name + "/stat", "rb") as handle:
+                state = handle.read().rsplit(b")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            continue  # it ended while we looked
+        if state not in (b"Z", b"X"):
+            return True
+    return False
+
+
+def _signal_all(sig):
+    try:
+        os.kill(-1, sig)
+    except ProcessLookupError:
+        pass
+
+
+def _reap_children():
+    while True:
+        try:
+            pid, _status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+
+
+def sweep(grace_s):
+    """SIGTERM every other process of this uid, SIGKILL what is left after grace_s; bounded in time."""
+    if not _others_exist():
+        return
+    if grace_s > 0:
+        _signal_all(signal.SIGTERM)
+        deadline = time.monotonic() + grace_s
+        while time.monotonic() < deadline:
+            _reap_children()
+            if not _others_exist():
+                return
+            time.sleep(0.01)
+    for _ in range(200):
+        _signal_all(signal.SIGKILL)
+        _reap_children()
+        if not _others_exist():
+            return
+        time.sleep(0.005)
+
+
+def _relay(child, timeout_s, out_fd, err_fd, caps):
+    """Copy the child's output to ours until it exits, a cap is passed, or the time is up.
+
+    Returns ("exited", status), ("output_limit", None) or ("timeout", None). At most cap + 1 bytes of a
+    stream are passed on, so the host sees the cap was passed without reading further.
+    """
+    deadline = time.monotonic() + timeout_s
+    selector = selectors.DefaultSelector()
+    targets = {out_fd: (1, 0), err_fd: (2, 1)}
+    for fd in targets:
+        selector.register(fd, selectors.EVENT_READ)
+    sent = [0, 0]
+    status = None
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return "timeout", None
+        if status is None:
+            pid, raw = os.waitpid(child, os.WNOHANG)
+            if pid == child:
+                status = raw
+                sweep(0.0)  # the script is gone: what it left holding its pipes is ended so they close
+        if not selector.get_map():
+            if status is not None:
+                return "exited", status
+            time.sleep(min(left, 0.01))
+            continue
+        for key, _ in selector.select(min(left, 0.05)):
+            chunk = os.read(key.fd, 65536)
+            if not chunk:
+                selector.unregister(key.fd)
+                os.close(key.fd)
+                continue
+            target, index = targets[key.fd]
+            room = caps[index] + 1 - sent[index]
+            _write_all(target, chunk[:room])
+            sent[index] += min(len(chunk), room)
+            if sent[index] > caps[index]:
+                return "output_limit", None
+
+
+def _write_all(fd, data):
+    view = memoryview(data)
+    while view:
+        written = os.write(fd, view)
+        view = view[written:]
+
+
+def main(argv):
+    timeout_s = float(argv[1])
+    grace_s = float(argv[2])
+    caps = (int(argv[3]), int(argv[4]))
+    program = argv[5:]
+    sweep(0.0)
+    out_read, out_write = os.pipe()
+    err_read, err_write = os.pipe()
+    child = os.fork()
+    if child == 0:
+        try:
+            os.setsid()
+            os.dup2(out_write, 1)
+            os.dup2(err_write, 2)
+            for fd in (out_read, out_write, err_read, err_write):
+                os.close(fd)
+            os.execv(program[0], program)
+        finally:
+            os._exit(127)
+    os.close(out_write)
+    os.close(err_write)
+    outcome, status = _relay(child, timeout_s, out_read, err_read, caps)
+    if outcome == "timeout":
+        sweep(grace_s)
+        os._exit(TIMEOUT_EXIT)
+    if outcome == "output_limit":
+        sweep(0.0)
+        os._exit(OUTPUT_LIMIT_EXIT)
+    sweep(0.2)
+    if os.WIFSIGNALED(status):
+        os._exit(128 + os.WTERMSIG(status))
+    os._exit(os.WEXITSTATUS(status))
+
+
+if __name__ == "__main__":
+    main(sys.argv)

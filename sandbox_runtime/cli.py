@@ -1,0 +1,168 @@
+"""``sandbox-runtime``: doctor, image build, demo, gc, ls.
+
+Exit codes: 0 success; 1 a check failed or the work did not succeed; 2 bad usage or configuration
+(policy, conversation id); 3 the Docker engine or the executor image is not available.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from sandbox_runtime.errors import EngineUnavailable, ImageError, PolicyError, SandboxRuntimeError, SelfCheckFailed
+from sandbox_runtime.policy import load_policy
+from sandbox_runtime.runtime import Runtime, default_state_dir
+
+__all__ = ["main"]
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_ENGINE = 0, 1, 2, 3
+
+
+def _table(rows: list[list[str]], header: list[str]) -> str:
+    widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
+    line = "  ".join(h.ljust(w) for h, w in zip(header, widths, strict=True))
+    out = [line, "  ".join("-" * w for w in widths)]
+    out += ["  ".join(str(c).ljust(w) for c, w in zip(r, widths, strict=True)) for r in rows]
+    return "\n".join(out)
+
+
+def _progress(line: str) -> None:
+    print(f"  {line[:160]}", file=sys.stderr, flush=True)
+
+
+def _runtime(args: argparse.Namespace, *, sweep: bool = True) -> Runtime:
+    return Runtime(args.state_dir, args.policy, sweep_on_start=sweep, reap_interval_s=None)
+
+
+def cmd_doctor(args: argparse.Namespace) -> int:
+    with _runtime(args) as runtime:
+        report = runtime.doctor()
+        if args.json:
+            print(json.dumps(report.model_dump(mode="json") | {"ok": report.ok}, indent=2))
+            return EXIT_OK if report.ok else EXIT_FAILED
+        engine = report.engine
+        print(f"engine   Docker {engine.engine_version} (API {engine.api_version}), runc {engine.runc_version}, "
+              f"runtimes: {', '.join(engine.runtimes)}")
+        print(f"host     {engine.operating_system}, kernel {engine.kernel_version}, cgroup v{engine.cgroup_version} "
+              f"({engine.cgroup_driver})")
+        print(f"sandbox  runtime {report.runtime}, image {report.image}, disk quota mode: {report.quota_mode}"
+              + ("" if report.quota_mode == "loop" else " (not kernel-enforced: run as root for 'loop')"))
+        print(f"policy   {runtime.policy.name} ({runtime.policy.digest()}), state {runtime.state_dir}\n")
+        print(_table([["ok" if c.ok else "FAIL", c.name, c.expected, c.actual] for c in report.checks],
+                     ["", "check", "expected", "seen inside the canary"]))
+        if not report.ok:
+            print("\n" + report.summary(), file=sys.stderr)
+            return EXIT_FAILED
+        print(f"\nall {len(report.checks)} protections are in force")
+        return EXIT_OK
+
+
+def cmd_image_build(args: argparse.Namespace) -> int:
+    from sandbox_runtime.sandbox.docker_backend import DockerBackend  # noqa: PLC0415
+    from sandbox_runtime.sandbox.image import build_executor_image  # noqa: PLC0415
+
+    started = time.monotonic()
+    backend = DockerBackend()
+    try:
+        report = build_executor_image(backend, source=args.source, force=args.force, progress=_progress)
+    finally:
+        backend.close()
+    verb = "built" if report.built else "already present"
+    print(f"{report.tag} {verb} ({report.source}, base {report.base_image or '-'}) "
+          f"in {time.monotonic() - started:.1f} s")
+    return EXIT_OK
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from sandbox_runtime.demo import run_demo  # noqa: PLC0415
+
+    with _runtime(args) as runtime:
+        return run_demo(runtime, out=sys.stdout)
+
+
+def cmd_gc(args: argparse.Namespace) -> int:
+    with _runtime(args, sweep=False) as runtime:
+        removals = runtime.gc()
+        if args.json:
+            print(json.dumps([r.model_dump() for r in removals], indent=2))
+        else:
+            rows = [[r.container_id[:12], r.conversation_id or "-", r.reason] for r in removals]
+            print(_table(rows, ["container", "conversation", "reason"]) if rows else "nothing to remove")
+    return EXIT_OK
+
+
+def cmd_ls(args: argparse.Namespace) -> int:
+    with _runtime(args, sweep=False) as runtime:
+        live = {s.conversation_id: s for s in runtime.state.live_sandboxes()}
+        rows: list[dict[str, object]] = []
+        for record in runtime.state.conversations():
+            usage = runtime.conversation(record.id).usage()
+            sandbox = live.get(record.id)
+            rows.append({"conversation": record.id, "sandbox": sandbox.container_id[:12] if sandbox else None,
+                         "runs": record.runs, "used_bytes": usage.used_bytes, "limit_bytes": usage.limit_bytes,
+                         "quota_mode": usage.mode})
+        if args.json:
+            print(json.dumps(rows, indent=2))
+        elif not rows:
+            print("no conversations")
+        else:
+            print(_table([[str(r["conversation"]), str(r["sandbox"] or "-"), str(r["runs"]),
+                           f"{r['used_bytes']:,} / {r['limit_bytes']:,}", str(r["quota_mode"])] for r in rows],
+                         ["conversation", "sandbox", "runs", "disk used / quota (bytes)", "quota mode"]))
+    return EXIT_OK
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="sandbox-runtime", description=__doc__.splitlines()[0] if __doc__ else "")
+    parser.add_argument("--state-dir", type=Path, default=None,
+                        help=f"state directory (default: $SANDBOX_RUNTIME_STATE_DIR or {default_state_dir()})")
+    parser.add_argument("--policy", default="default", help="default, strict, gvisor, or a TOML file path")
+    parser.add_argument("-v", "--verbose", action="store_true", help="log what happens (to stderr)")
+    sub = parser.add_subparsers(dest="command", required=True)
+    doctor = sub.add_parser("doctor", help="start a canary sandbox and show that every protection is in force")
+    doctor.add_argument("--json", action="store_true")
+    doctor.set_defaults(func=cmd_doctor)
+    image = sub.add_parser("image", help="the executor image")
+    image_sub = image.add_subparsers(dest="image_command", required=True)
+    build = image_sub.add_parser("build", help="build the executor image (offline when no registry answers)")
+    build.add_argument("--source", choices=["auto", "registry", "offline"], default="auto")
+    build.add_argument("--force", action="store_true", help="rebuild even when the tag exists")
+    build.set_defaults(func=cmd_image_build)
+    demo = sub.add_parser("demo", help="play a short scripted conversation")
+    demo.set_defaults(func=cmd_demo)
+    gc = sub.add_parser("gc", help="remove orphaned, idle and expired sandboxes")
+    gc.add_argument("--json", action="store_true")
+    gc.set_defaults(func=cmd_gc)
+    ls = sub.add_parser("ls", help="conversations, their sandboxes and disk use")
+    ls.add_argument("--json", action="store_true")
+    ls.set_defaults(func=cmd_ls)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.verbose:
+        logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    try:
+        return int(args.func(args))
+    except (PolicyError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except (EngineUnavailable, ImageError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_ENGINE
+    except SelfCheckFailed as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_FAILED
+    except SandboxRuntimeError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_FAILED
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,182 @@
+"""The one seam between the runtime and a container engine: an abstract backend taking and returning models.
+
+:class:`ContainerSpec` says everything a sandbox container is (built by :mod:`sandbox_runtime.sandbox.profile`,
+the one place where hardening lives); a backend must apply every field or raise, never drop one silently.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Callable
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+__all__ = [
+    "BindMount",
+    "ContainerInfo",
+    "ContainerSpec",
+    "EngineInfo",
+    "ExecRequest",
+    "ExecResult",
+    "SandboxBackend",
+]
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class BindMount(_Model):
+    """A host folder mounted into the container."""
+
+    host_path: str
+    container_path: str
+    read_only: bool = False
+    options: tuple[str, ...] = ("nosuid", "nodev")
+
+
+class ContainerSpec(_Model):
+    """A whole container: identity, filesystem, network, resources, labels."""
+
+    image: str
+    command: tuple[str, ...]
+    user: str = Field(description="uid:gid of the container's own command (the keeper).")
+    labels: dict[str, str]
+    runtime: str = "runc"
+    network_mode: Literal["none"] = "none"
+    read_only_root: bool = True
+    cap_drop: tuple[str, ...] = ("ALL",)
+    security_opt: tuple[str, ...] = ("no-new-privileges",)
+    init: bool = True
+    tmpfs: dict[str, str] = Field(default_factory=dict, description="mount path -> mount options")
+    mounts: tuple[BindMount, ...] = ()
+    memory_bytes: int
+    memory_swap_bytes: int
+    nano_cpus: int
+    pids_limit: int
+    ulimits: dict[str, int] = Field(default_factory=dict, description="name -> soft and hard limit")
+    environment: dict[str, str] = Field(default_factory=dict)
+    working_dir: str = "/"
+
+
+class ContainerInfo(_Model):
+    """What the engine says of one container."""
+
+    id: str
+    labels: dict[str, str]
+    running: bool
+    status: str
+    exit_code: int | None = None
+    warnings: tuple[str, ...] = ()
+
+
+class ExecRequest(_Model):
+    """One command to run in a running container, with byte caps on what it prints and a deadline."""
+
+    command: tuple[str, ...]
+    user: str
+    environment: dict[str, str] = Field(default_factory=dict)
+    working_dir: str = "/"
+    stdout_max_bytes: int = Field(gt=0)
+    stderr_max_bytes: int = Field(gt=0)
+    deadline_s: float = Field(gt=0, description="Longest wait for the command to finish, in seconds.")
+
+
+class ExecResult(_Model):
+    """What one command did. ``exit_code`` is None when it was still running at the deadline or cap."""
+
+    exit_code: int | None
+    stdout: bytes
+    stderr: bytes
+    stdout_bytes_total: int = Field(description="Bytes seen on stdout, including any past the cap.")
+    stderr_bytes_total: int
+    over_cap: Literal["stdout", "stderr"] | None = None
+    deadline_hit: bool = False
+    duration_s: float
+
+
+class EngineInfo(_Model):
+    """Facts about the engine and host that doctor shows."""
+
+    engine_version: str
+    api_version: str
+    kernel_version: str
+    operating_system: str
+    cgroup_version: str
+    cgroup_driver: str
+    runtimes: tuple[str, ...]
+    default_runtime: str
+    runc_version: str | None
+    security_options: tuple[str, ...]
+    warnings: tuple[str, ...] = ()
+
+
+ProgressCallback = Callable[[str], None]
+
+
+class SandboxBackend(abc.ABC):
+    """A container engine. Infrastructure failures raise :class:`~sandbox_runtime.errors.SandboxRuntimeError`."""
+
+    @abc.abstractmethod
+    def engine_info(self) -> EngineInfo:
+        """Versions and capabilities of the engine; raises EngineUnavailable when it cannot be reached."""
+
+    @abc.abstractmethod
+    def image_exists(self, reference: str) -> bool:
+        """Whether an image with this name:tag is present locally."""
+
+    @abc.abstractmethod
+    def build_image(
+        self, context_dir: str, tag: str, build_args: dict[str, str], labels: dict[str, str],
+        progress: ProgressCallback,
+    ) -> None:
+        """Build an image from a folder with a Dockerfile, with no network during the build."""
+
+    @abc.abstractmethod
+    def import_rootfs(self, tar_path: str, reference: str, progress: ProgressCallback) -> None:
+        """Import a root filesystem tarball as an image."""
+
+    @abc.abstractmethod
+    def pull_image(self, reference: str, progress: ProgressCallback) -> None:
+        """Pull an image from a registry."""
+
+    @abc.abstractmethod
+    def create_and_start(self, spec: ContainerSpec) -> ContainerInfo:
+        """Create and start a container; its warnings (e.g. an unsupported limit) are returned."""
+
+    @abc.abstractmethod
+    def list_containers(self, labels: dict[str, str]) -> list[ContainerInfo]:
+        """Every container (running or not) that carries all these labels."""
+
+    @abc.abstractmethod
+    def inspect(self, container_id: str) -> ContainerInfo | None:
+        """One container, or None when it no longer exists."""
+
+    @abc.abstractmethod
+    def remove(self, container_id: str) -> None:
+        """Kill and remove a container; no error when it is already gone."""
+
+    @abc.abstractmethod
+    def restart(self, container_id: str) -> None:
+        """Kill every process of the container and start it again (its mounts stay)."""
+
+    @abc.abstractmethod
+    def exec(self, container_id: str, request: ExecRequest) -> ExecResult:
+        """Run a command; stop reading at a cap or the deadline and return what was captured."""
+
+    @abc.abstractmethod
+    def oom_kill_count(self, container_id: str) -> int | None:
+        """How many processes the kernel's OOM killer ended in this container; None when unknown."""
+
+    @abc.abstractmethod
+    def host_facts(self, container_id: str) -> dict[str, str | None]:
+        """What the host side says of a container: the engine's recorded settings and the cgroup limits.
+
+        Keys: ``runtime``, ``security_opt``, ``memory_limit_bytes``, ``memory_swap_limit_bytes``, ``pids_limit``
+        (values as text, None when unknown). Used by the self-check where the inside cannot see them (gVisor).
+        """
+
+    @abc.abstractmethod
+    def close(self) -> None:
+        """Release the connection to the engine."""

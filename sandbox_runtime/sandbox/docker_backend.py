@@ -1,0 +1,340 @@
+"""The Docker backend: the only module that imports ``docker``; every docker error is mapped here.
+
+Exec output is read from the raw attach socket with ``select`` so that a byte cap and a deadline hold even
+when the code prints forever or never exits; Docker's log driver is never used (it is unbounded on disk).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import select
+import struct
+import time
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import docker
+import docker.errors
+import requests.exceptions
+from docker.types import Ulimit
+
+from sandbox_runtime.errors import EngineUnavailable, ImageError, SandboxError
+from sandbox_runtime.sandbox.backend import (
+    ContainerInfo,
+    ContainerSpec,
+    EngineInfo,
+    ExecRequest,
+    ExecResult,
+    ProgressCallback,
+    SandboxBackend,
+)
+
+__all__ = ["DockerBackend"]
+
+logger = logging.getLogger(__name__)
+
+_HEADER = struct.Struct(">BxxxL")
+_STDOUT, _STDERR = 1, 2
+_EXIT_CODE_WAIT_S = 5.0
+_CGROUP_ROOT = Path("/sys/fs/cgroup")
+
+
+@contextlib.contextmanager
+def _mapped(action: str, error: type[Exception] = SandboxError) -> Iterator[None]:
+    """Turn docker and transport errors into our tree, most specific first."""
+    try:
+        yield
+    except docker.errors.ImageNotFound as exc:
+        raise ImageError(f"{action}: image not found: {exc.explanation or exc}") from exc
+    except docker.errors.APIError as exc:
+        raise error(f"{action}: the Docker engine refused: {exc.explanation or exc}") from exc
+    except (requests.exceptions.ConnectionError, ConnectionError) as exc:
+        raise EngineUnavailable(f"{action}: cannot reach the Docker engine ({exc}); is dockerd running?") from exc
+    except requests.exceptions.ReadTimeout as exc:
+        raise EngineUnavailable(f"{action}: the Docker engine did not answer in time ({exc})") from exc
+    except docker.errors.DockerException as exc:
+        raise EngineUnavailable(f"{action}: {exc}") from exc
+
+
+def _container_info(attrs: Mapping[str, Any], warnings: tuple[str, ...] = ()) -> ContainerInfo:
+    state = attrs.get("State") or {}
+    config = attrs.get("Config") or {}
+    if isinstance(state, str):  # the list endpoint gives a plain state string
+        running = state == "running"
+        status, exit_code = state, None
+        labels = attrs.get("Labels") or {}
+    else:
+        running = bool(state.get("Running"))
+        status = str(state.get("Status", "unknown"))
+        exit_code = state.get("ExitCode")
+        labels = config.get("Labels") or {}
+    return ContainerInfo(
+        id=str(attrs["Id"]), labels=dict(labels), running=running, status=status,
+        exit_code=exit_code, warnings=warnings,
+    )
+
+
+class DockerBackend(SandboxBackend):
+    """Talks to a Docker engine through docker-py (``DOCKER_HOST`` and friends are honoured)."""
+
+    def __init__(self, environment: Mapping[str, str] | None = None, timeout_s: float = 60.0) -> None:
+        env = dict(os.environ if environment is None else environment)
+        with _mapped("connect", EngineUnavailable):
+            self._client = docker.DockerClient(**docker.utils.kwargs_from_env(environment=env), timeout=timeout_s)
+        self._api = self._client.api
+        self._cgroup_hint: str | None = None
+
+    # engine -------------------------------------------------------------------------------------------
+    def engine_info(self) -> EngineInfo:
+        with _mapped("read engine info", EngineUnavailable):
+            info = self._api.info()
+            version = self._api.version()
+        runc = (info.get("RuncCommit") or {}).get("ID") or None
+        security = tuple(str(item) for item in info.get("SecurityOptions") or ())
+        self._cgroup_hint = f"{info.get('CgroupVersion', '1')}:{info.get('CgroupDriver', 'cgroupfs')}"
+        return EngineInfo(
+            engine_version=str(version.get("Version", "?")),
+            api_version=str(version.get("ApiVersion", "?")),
+            kernel_version=str(info.get("KernelVersion", "?")),
+            operating_system=str(info.get("OperatingSystem", "?")),
+            cgroup_version=str(info.get("CgroupVersion", "1")),
+            cgroup_driver=str(info.get("CgroupDriver", "?")),
+            runtimes=tuple(sorted((info.get("Runtimes") or {}).keys())),
+            default_runtime=str(info.get("DefaultRuntime", "runc")),
+            runc_version=runc,
+            security_options=security,
+            warnings=tuple(str(item) for item in info.get("Warnings") or ()),
+        )
+
+    # images -------------------------------------------------------------------------------------------
+    def image_exists(self, reference: str) -> bool:
+        with _mapped("inspect image", ImageError):
+            try:
+                self._api.inspect_image(reference)
+            except docker.errors.ImageNotFound:
+                return False
+        return True
+
+    def build_image(
+        self, context_dir: str, tag: str, build_args: dict[str, str], labels: dict[str, str],
+        progress: ProgressCallback,
+    ) -> None:
+        with _mapped(f"build image {tag}", ImageError):
+            stream = self._api.build(
+                path=context_dir, tag=tag, buildargs=build_args, labels=labels, network_mode="none",
+                rm=True, forcerm=True, pull=False, decode=True,
+            )
+            for chunk in stream:
+                if "error" in chunk:
+                    detail = chunk.get("errorDetail", {}).get("message") or chunk["error"]
+                    raise ImageError(f"build image {tag} failed: {str(detail).strip()}")
+                line = str(chunk.get("stream", "")).strip()
+                if line:
+                    progress(line)
+
+    def import_rootfs(self, tar_path: str, reference: str, progress: ProgressCallback) -> None:
+        repository, _, tag = reference.rpartition(":")
+        progress(f"importing {Path(tar_path).stat().st_size:,} bytes as {reference}")
+        with _mapped(f"import {reference}", ImageError):
+            self._api.import_image_from_file(tar_path, repository=repository, tag=tag)
+
+    def pull_image(self, reference: str, progress: ProgressCallback) -> None:
+        repository, _, tag = reference.rpartition(":")
+        with _mapped(f"pull {reference}", ImageError):
+            for chunk in self._api.pull(repository, tag=tag, stream=True, decode=True):
+                if "error" in chunk:
+                    raise ImageError(f"pull {reference} failed: {chunk['error']}")
+                status = str(chunk.get("status", ""))
+                if status and "Downloading" not in status and "Extracting" not in status:
+                    progress(status)
+
+    # containers -----------------------------------------------------------------------------------------
+    def create_and_start(self, spec: ContainerSpec) -> ContainerInfo:
+        host_config = self._api.create_host_config(
+            binds={
+                m.host_path: {"bind": m.container_path, "mode": "ro" if m.read_only else "rw"}
+                for m in spec.mounts
+            },
+            tmpfs=dict(spec.tmpfs),
+            read_only=spec.read_only_root,
+            cap_drop=list(spec.cap_drop),
+            security_opt=list(spec.security_opt),
+            network_mode=spec.network_mode,
+            mem_limit=spec.memory_bytes,
+            memswap_limit=spec.memory_swap_bytes,
+            nano_cpus=spec.nano_cpus,
+            pids_limit=spec.pids_limit,
+            ulimits=[Ulimit(name=name, soft=value, hard=value) for name, value in spec.ulimits.items()],
+            init=spec.init,
+            runtime=spec.runtime,
+            privileged=False,
+            log_config={"Type": "none", "Config": {}},
+            ipc_mode="private",
+        )
+        with _mapped("create sandbox container"):
+            created = self._api.create_container(
+                image=spec.image, command=list(spec.command), user=spec.user, labels=dict(spec.labels),
+                environment=dict(spec.environment), working_dir=spec.working_dir, host_config=host_config,
+                network_disabled=False, hostname="sandbox", stdin_open=False, tty=False,
+            )
+        container_id = str(created["Id"])
+        warnings = tuple(str(w) for w in created.get("Warnings") or ())
+        try:
+            with _mapped("start sandbox container"):
+                self._api.start(container_id)
+        except SandboxError:
+            self.remove(container_id)
+            raise
+        info = self.inspect(container_id)
+        if info is None:
+            raise SandboxError(f"sandbox container {container_id[:12]} vanished right after it started")
+        return info.model_copy(update={"warnings": warnings})
+
+    def list_containers(self, labels: dict[str, str]) -> list[ContainerInfo]:
+        filters = {"label": [f"{key}={value}" for key, value in labels.items()]}
+        with _mapped("list containers"):
+            rows = self._api.containers(all=True, filters=filters)
+        return [_container_info(row) for row in rows]
+
+    def inspect(self, container_id: str) -> ContainerInfo | None:
+        with _mapped("inspect container"):
+            try:
+                attrs = self._api.inspect_container(container_id)
+            except docker.errors.NotFound:
+                return None
+        return _container_info(attrs)
+
+    def remove(self, container_id: str) -> None:
+        with _mapped("remove container"):
+            try:
+                self._api.remove_container(container_id, force=True, v=True)
+            except docker.errors.NotFound:
+                return
+            except docker.errors.APIError as exc:
+                if "already in progress" in str(exc):
+                    return
+                raise
+
+    def restart(self, container_id: str) -> None:
+        with _mapped("restart container"):
+            self._api.restart(container_id, timeout=0)
+
+    # exec ---------------------------------------------------------------------------------------------
+    def exec(self, container_id: str, request: ExecRequest) -> ExecResult:
+        started = time.monotonic()
+        with _mapped("start a command in the sandbox"):
+            exec_id = self._api.exec_create(
+                container_id, list(request.command), stdout=True, stderr=True, stdin=False, tty=False,
+                privileged=False, user=request.user, environment=dict(request.environment),
+                workdir=request.working_dir,
+            )["Id"]
+            raw = self._api.exec_start(exec_id, detach=False, tty=False, socket=True)
+        sock = getattr(raw, "_sock", raw)
+        try:
+            out, err, totals, over_cap, deadline_hit = _read_frames(
+                sock, started + request.deadline_s, request.stdout_max_bytes, request.stderr_max_bytes
+            )
+        finally:
+            with contextlib.suppress(OSError):
+                raw.close()
+        exit_code = None
+        if over_cap is None and not deadline_hit:
+            exit_code = self._exit_code(exec_id)
+        return ExecResult(
+            exit_code=exit_code, stdout=bytes(out), stderr=bytes(err), stdout_bytes_total=totals[0],
+            stderr_bytes_total=totals[1], over_cap=over_cap, deadline_hit=deadline_hit,
+            duration_s=time.monotonic() - started,
+        )
+
+    def _exit_code(self, exec_id: str) -> int | None:
+        deadline = time.monotonic() + _EXIT_CODE_WAIT_S
+        pause = 0.001
+        while True:
+            with _mapped("read a command's exit code"):
+                state = self._api.exec_inspect(exec_id)
+            if not state.get("Running"):
+                code = state.get("ExitCode")
+                return None if code is None else int(code)
+            if time.monotonic() >= deadline:
+                return None
+            time.sleep(pause)  # the stream ended; the engine records the exit a moment later
+            pause = min(pause * 2, 0.05)
+
+    # cgroup counters ---------------------------------------------------------------------------------------
+    @staticmethod
+    def _cgroup_file(container_id: str, controller: str, v1_name: str, v2_name: str) -> str | None:
+        """Read a cgroup file of a container under the cgroupfs or systemd layouts, v1 or v2."""
+        candidates = (
+            _CGROUP_ROOT / controller / "docker" / container_id / v1_name,
+            _CGROUP_ROOT / "docker" / container_id / v2_name,
+            _CGROUP_ROOT / controller / "system.slice" / f"docker-{container_id}.scope" / v1_name,
+            _CGROUP_ROOT / "system.slice" / f"docker-{container_id}.scope" / v2_name,
+        )
+        for path in candidates:
+            try:
+                return path.read_text().strip()
+            except OSError:
+                continue
+        return None
+
+    def oom_kill_count(self, container_id: str) -> int | None:
+        text = self._cgroup_file(container_id, "memory", "memory.oom_control", "memory.events")
+        for line in (text or "").splitlines():
+            key, _, value = line.partition(" ")
+            if key == "oom_kill":
+                return int(value)
+        return None
+
+    def host_facts(self, container_id: str) -> dict[str, str | None]:
+        with _mapped("inspect container"):
+            host_config = self._api.inspect_container(container_id).get("HostConfig") or {}
+        return {
+            "runtime": host_config.get("Runtime"),
+            "security_opt": ",".join(host_config.get("SecurityOpt") or []),
+            "memory_limit_bytes": self._cgroup_file(container_id, "memory", "memory.limit_in_bytes", "memory.max"),
+            "memory_swap_limit_bytes": self._cgroup_file(
+                container_id, "memory", "memory.memsw.limit_in_bytes", "memory.swap.max"),
+            "pids_limit": self._cgroup_file(container_id, "pids", "pids.max", "pids.max"),
+        }
+
+    def close(self) -> None:
+        self._client.close()
+
+
+def _read_frames(
+    sock: Any, deadline: float, stdout_cap: int, stderr_cap: int
+) -> tuple[bytearray, bytearray, list[int], str | None, bool]:
+    """Demultiplex Docker's attach stream until EOF, a cap, or the deadline."""
+    buffers = {_STDOUT: bytearray(), _STDERR: bytearray()}
+    caps = {_STDOUT: stdout_cap, _STDERR: stderr_cap}
+    totals = {_STDOUT: 0, _STDERR: 0}
+    pending = bytearray()
+    fd = sock.fileno()
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return buffers[_STDOUT], buffers[_STDERR], [totals[_STDOUT], totals[_STDERR]], None, True
+        ready, _, _ = select.select([fd], [], [], left)
+        if not ready:
+            continue
+        chunk = os.read(fd, 65536)
+        if not chunk:
+            return buffers[_STDOUT], buffers[_STDERR], [totals[_STDOUT], totals[_STDERR]], None, False
+        pending += chunk
+        while len(pending) >= _HEADER.size:
+            kind, size = _HEADER.unpack_from(pending)
+            if len(pending) < _HEADER.size + size:
+                break
+            payload = bytes(pending[_HEADER.size : _HEADER.size + size])
+            del pending[: _HEADER.size + size]
+            if kind not in buffers:
+                continue
+            totals[kind] += len(payload)
+            room = caps[kind] - len(buffers[kind])
+            buffers[kind] += payload[: max(room, 0)]
+            if totals[kind] > caps[kind]:
+                name = "stdout" if kind == _STDOUT else "stderr"
+                return buffers[_STDOUT], buffers[_STDERR], [totals[_STDOUT], totals[_STDERR]], name, False

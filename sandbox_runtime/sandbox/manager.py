@@ -1,0 +1,254 @@
+"""Sandbox lifecycle: one container per conversation, found again by label, reaped when idle or old.
+
+* ``get_or_create`` returns the conversation's running container or starts one; after a runtime restart it
+  re-attaches by label instead of starting a second one.
+* ``reap`` removes sandboxes idle longer than ``idle_timeout_s`` or older than ``max_lifetime_s`` (their results
+  folders stay); ``sweep_orphans`` removes containers with our labels that nothing owns any more.
+* Before the first sandbox of a process starts, the self-check runs; when it fails, no sandbox ever starts.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict
+
+from sandbox_runtime.errors import SandboxError, SelfCheckFailed
+from sandbox_runtime.policy import Policy
+from sandbox_runtime.sandbox.backend import ContainerInfo, ContainerSpec, SandboxBackend
+from sandbox_runtime.sandbox.profile import (
+    LABEL_CONVERSATION,
+    LABEL_CREATED_AT,
+    LABEL_POLICY,
+    LABEL_RUNTIME,
+    LABEL_STATE_DIR,
+    container_spec,
+)
+from sandbox_runtime.sandbox.selfcheck import SelfCheckReport, run_self_check
+from sandbox_runtime.state import StateDB
+from sandbox_runtime.store.folders import ConversationFolders, ConversationStore
+
+__all__ = ["Removal", "Sandbox", "SandboxManager"]
+
+logger = logging.getLogger(__name__)
+
+CANARY_CONVERSATION = "selfcheck-canary"
+_CANARY_MAX_AGE_S = 300  # a canary lives for seconds; an older one was left by a killed process
+
+
+class Sandbox(BaseModel):
+    """A conversation's running container and its folders."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    conversation_id: str
+    container_id: str
+    folders: ConversationFolders
+    created_at: float
+
+
+class Removal(BaseModel):
+    """A container that ``reap`` or ``sweep_orphans`` removed, and why."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    container_id: str
+    conversation_id: str | None
+    reason: str
+
+
+class SandboxManager:
+    """Owns the sandboxes of one state directory."""
+
+    def __init__(
+        self,
+        backend: SandboxBackend,
+        policy: Policy,
+        store: ConversationStore,
+        state: StateDB,
+        image: str,
+        *,
+        extra_labels: dict[str, str] | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.backend = backend
+        self.policy = policy
+        self.store = store
+        self.state = state
+        self.image = image
+        self.clock = clock
+        self.state_dir_label = str(Path(store.state_dir).resolve())
+        self.base_labels = {LABEL_RUNTIME: "1", LABEL_STATE_DIR: self.state_dir_label, **(extra_labels or {})}
+        self._locks: dict[str, threading.RLock] = {}
+        self._locks_guard = threading.Lock()
+        self._self_check: SelfCheckReport | None = None
+
+    # locking ------------------------------------------------------------------------------------------
+    def lock(self, conversation_id: str) -> threading.RLock:
+        """The lock that serialises everything done in one conversation's sandbox."""
+        with self._locks_guard:
+            return self._locks.setdefault(conversation_id, threading.RLock())
+
+    # self-check ---------------------------------------------------------------------------------------
+    def self_check(self, *, force: bool = False) -> SelfCheckReport:
+        """Run (once per process, or again with force) the canary check; the report is kept."""
+        with self._locks_guard:
+            cached = self._self_check
+        if cached is not None and not force:
+            return cached
+        with self.lock(CANARY_CONVERSATION):
+            folders = self.store.folders(CANARY_CONVERSATION).model_copy(update={"quota_bytes": 16 * 1024 * 1024})
+            self.store.prepare(folders)
+            try:
+                report = run_self_check(
+                    self.backend, self.policy, lambda labels: self._spec(folders, labels),
+                    quota_mode=folders.quota_mode,
+                    labels={**self.base_labels, LABEL_CONVERSATION: CANARY_CONVERSATION,
+                            LABEL_CREATED_AT: str(int(self.clock()))},
+                )
+            finally:
+                self.store.delete(folders)
+        with self._locks_guard:
+            self._self_check = report
+        return report
+
+    def _require_self_check(self) -> None:
+        report = self.self_check()
+        if not report.ok:
+            raise SelfCheckFailed(report.summary())
+
+    # lifecycle ------------------------------------------------------------------------------------------
+    def _spec(self, folders: ConversationFolders, labels: dict[str, str]) -> ContainerSpec:
+        return container_spec(self.policy, self.image, str(folders.results), labels)
+
+    def _labels(self, conversation_id: str) -> dict[str, str]:
+        return {**self.base_labels, LABEL_CONVERSATION: conversation_id}
+
+    def folders(self, conversation_id: str) -> ConversationFolders:
+        """The conversation's folders (made and mounted when needed), recorded in the state database."""
+        record = self.state.conversation(conversation_id)
+        mode = self.store.quota_mode if record is None else record.quota_mode
+        folders = self.store.folders(conversation_id, quota_mode=mode)  # type: ignore[arg-type]
+        self.store.prepare(folders)
+        self.state.ensure_conversation(conversation_id, folders.quota_mode, folders.quota_bytes)
+        return folders
+
+    def get_or_create(self, conversation_id: str) -> Sandbox:
+        """The conversation's running sandbox, re-attached by label when one exists, else a new one."""
+        with self.lock(conversation_id):
+            folders = self.folders(conversation_id)
+            now = self.clock()
+            existing = self._adoptable(conversation_id, now)
+            if existing is not None:
+                created = float(existing.labels.get(LABEL_CREATED_AT, now))
+                self.state.record_sandbox(existing.id, conversation_id, created)
+                self.state.touch_sandbox(existing.id, now)
+                return Sandbox(conversation_id=conversation_id, container_id=existing.id, folders=folders,
+                               created_at=created)
+            self._require_self_check()
+            labels = {**self._labels(conversation_id), LABEL_CREATED_AT: str(int(now)),
+                      LABEL_POLICY: self.policy.digest()}
+            info = self.backend.create_and_start(self._spec(folders, labels))
+            if info.warnings:
+                self.backend.remove(info.id)
+                raise SelfCheckFailed(f"the engine could not apply the profile: {'; '.join(info.warnings)}")
+            if not info.running:
+                self.backend.remove(info.id)
+                raise SandboxError(f"the sandbox for {conversation_id!r} stopped right after it started "
+                                   f"({info.status}, exit code {info.exit_code})")
+            self.state.record_sandbox(info.id, conversation_id, now)
+            logger.info("started sandbox %s for conversation %s", info.id[:12], conversation_id)
+            return Sandbox(conversation_id=conversation_id, container_id=info.id, folders=folders, created_at=now)
+
+    def _adoptable(self, conversation_id: str, now: float) -> ContainerInfo | None:
+        """The newest usable container of this conversation; every other one is removed."""
+        found = sorted(self.backend.list_containers(self._labels(conversation_id)),
+                       key=lambda c: float(c.labels.get(LABEL_CREATED_AT, 0)), reverse=True)
+        keep: ContainerInfo | None = None
+        for info in found:
+            reason = self._unusable_reason(info, now)
+            if reason is None and keep is None:
+                keep = info
+                continue
+            self._remove(info, reason or "duplicate sandbox for one conversation")
+        return keep
+
+    def _unusable_reason(self, info: ContainerInfo, now: float) -> str | None:
+        if not info.running:
+            return f"not running ({info.status})"
+        if info.labels.get(LABEL_POLICY) != self.policy.digest():
+            return "made under another policy"
+        created = float(info.labels.get(LABEL_CREATED_AT, 0))
+        if now - created > self.policy.sandbox.max_lifetime_s:
+            return f"older than max_lifetime_s={self.policy.sandbox.max_lifetime_s}"
+        return None
+
+    def _remove(self, info: ContainerInfo, reason: str) -> Removal:
+        self.backend.remove(info.id)
+        self.state.mark_removed(info.id, reason)
+        logger.info("removed sandbox %s: %s", info.id[:12], reason)
+        return Removal(container_id=info.id, conversation_id=info.labels.get(LABEL_CONVERSATION), reason=reason)
+
+    def touch(self, sandbox: Sandbox) -> None:
+        self.state.touch_sandbox(sandbox.container_id, self.clock())
+
+    def restart(self, sandbox: Sandbox) -> None:
+        """End every process of the sandbox at once (its results folder stays)."""
+        self.backend.restart(sandbox.container_id)
+
+    def close(self, conversation_id: str) -> bool:
+        """End the conversation's sandbox; its folders stay. True when one was running."""
+        with self.lock(conversation_id):
+            removed = [self._remove(info, "closed") for info in self.backend.list_containers(
+                self._labels(conversation_id))]
+        return bool(removed)
+
+    # reaping ------------------------------------------------------------------------------------------
+    def reap(self) -> list[Removal]:
+        """Remove this state directory's sandboxes that are idle, too old, or stopped."""
+        now = self.clock()
+        removals: list[Removal] = []
+        for info in self.backend.list_containers(self.base_labels):
+            conversation = info.labels.get(LABEL_CONVERSATION, "")
+            lock = self.lock(conversation)
+            if not lock.acquire(blocking=False):
+                continue  # in use right now: not idle
+            try:
+                reason = self._reap_reason(info, now)
+                if reason is not None:
+                    removals.append(self._remove(info, reason))
+            finally:
+                lock.release()
+        return removals
+
+    def _reap_reason(self, info: ContainerInfo, now: float) -> str | None:
+        reason = self._unusable_reason(info, now)
+        if reason is not None:
+            return reason
+        record = self.state.sandbox(info.id)
+        last_used = record.last_used_at if record else float(info.labels.get(LABEL_CREATED_AT, 0))
+        if now - last_used > self.policy.sandbox.idle_timeout_s:
+            return f"idle longer than idle_timeout_s={self.policy.sandbox.idle_timeout_s}"
+        return None
+
+    def sweep_orphans(self) -> list[Removal]:
+        """Remove containers with our labels that no runtime owns: their state directory or conversation is gone,
+        or they carry no conversation at all (a canary left by a killed process)."""
+        removals: list[Removal] = []
+        for info in self.backend.list_containers({LABEL_RUNTIME: "1"}):
+            state_dir = info.labels.get(LABEL_STATE_DIR)
+            conversation = info.labels.get(LABEL_CONVERSATION)
+            if state_dir != self.state_dir_label:
+                if state_dir and not Path(state_dir, "state.sqlite3").exists():
+                    removals.append(self._remove(info, "orphan: its state directory is gone"))
+                continue
+            age_s = self.clock() - float(info.labels.get(LABEL_CREATED_AT, 0))
+            if not conversation or (conversation == CANARY_CONVERSATION and age_s > _CANARY_MAX_AGE_S):
+                removals.append(self._remove(info, "orphan: a canary or unnamed container"))
+            elif conversation != CANARY_CONVERSATION and self.state.conversation(conversation) is None:
+                removals.append(self._remove(info, "orphan: its conversation is not in the state database"))
+        return removals + self.reap()

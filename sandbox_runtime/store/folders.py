@@ -1,0 +1,156 @@
+"""Per-conversation folders on the host and their disk quota.
+
+::
+
+    STATE_DIR/
+      state.sqlite3
+      volumes/<conversation>.ext4          the results filesystem (quota mode "loop")
+      conversations/<conversation>/
+        results/    mounted read-write into the sandbox; spill/ errors/ args/ exports/ scripts/
+        outputs/    attachments; never mounted, outside retention
+
+The results folder is hostile once a sandbox has seen it; the sub-folders are made only while it is new
+(or through directory descriptors), never by following a path the sandbox could have changed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import re
+import shutil
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict
+
+from sandbox_runtime.errors import InvalidConversationId
+from sandbox_runtime.policy import Policy
+from sandbox_runtime.store.quota import (
+    QuotaMode,
+    QuotaUsage,
+    mount_loop_quota,
+    resolve_quota_mode,
+    statvfs_usage,
+    unmount_loop_quota,
+)
+from sandbox_runtime.store.safe_paths import ResultsRoot
+
+__all__ = ["CONVERSATION_ID_MAX_CHARS", "RESULT_SUBFOLDERS", "ConversationFolders", "ConversationStore",
+           "validate_conversation_id"]
+
+logger = logging.getLogger(__name__)
+
+CONVERSATION_ID_MAX_CHARS = 64
+RESULT_SUBFOLDERS = ("spill", "errors", "args", "exports", "scripts")
+_ID_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]*")
+
+
+def validate_conversation_id(conversation_id: object) -> str:
+    """Return the id when it is 1-64 characters of ``[A-Za-z0-9_-]`` starting with a letter or digit."""
+    if not isinstance(conversation_id, str):
+        raise InvalidConversationId(f"a conversation id must be a string, not {type(conversation_id).__name__}")
+    if not conversation_id:
+        raise InvalidConversationId("a conversation id must not be empty")
+    if len(conversation_id) > CONVERSATION_ID_MAX_CHARS:
+        raise InvalidConversationId(
+            f"a conversation id has at most {CONVERSATION_ID_MAX_CHARS} characters; this one has "
+            f"{len(conversation_id)}"
+        )
+    if not _ID_PATTERN.fullmatch(conversation_id):
+        raise InvalidConversationId(
+            f"conversation id {conversation_id!r} may only hold A-Z, a-z, 0-9, '_' and '-', and must start "
+            "with a letter or digit"
+        )
+    return conversation_id
+
+
+class ConversationFolders(BaseModel):
+    """Where one conversation's files are on the host."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    conversation_id: str
+    root: Path
+    results: Path
+    outputs: Path
+    volume: Path
+    quota_mode: QuotaMode
+    quota_bytes: int
+
+
+class ConversationStore:
+    """Creates, mounts, measures and deletes conversation folders under one state directory."""
+
+    def __init__(self, state_dir: Path, policy: Policy) -> None:
+        self.state_dir = state_dir
+        self.policy = policy
+        self.quota_mode: QuotaMode = resolve_quota_mode(policy.store.quota_mode)
+
+    def folders(self, conversation_id: str, quota_mode: QuotaMode | None = None) -> ConversationFolders:
+        validate_conversation_id(conversation_id)
+        root = self.state_dir / "conversations" / conversation_id
+        return ConversationFolders(
+            conversation_id=conversation_id, root=root, results=root / "results", outputs=root / "outputs",
+            volume=self.state_dir / "volumes" / f"{conversation_id}.ext4",
+            quota_mode=quota_mode or self.quota_mode, quota_bytes=self.policy.store.quota_bytes,
+        )
+
+    def prepare(self, folders: ConversationFolders) -> None:
+        """Make the folders (once) and mount the quota filesystem (when not mounted); idempotent."""
+        folders.outputs.mkdir(parents=True, exist_ok=True, mode=0o755)
+        uid, gid = self.policy.sandbox.uid, self.policy.sandbox.gid
+        if folders.quota_mode == "loop":
+            made = mount_loop_quota(folders.volume, folders.results, folders.quota_bytes, uid, gid)
+        else:
+            made = not folders.results.exists()
+            folders.results.mkdir(parents=True, exist_ok=True, mode=0o755)
+            if made:
+                self._give_to_sandbox_user(folders.results, uid, gid)
+        if made:
+            self._make_subfolders(folders.results, uid, gid)
+
+    @staticmethod
+    def _give_to_sandbox_user(path: Path, uid: int, gid: int) -> None:
+        try:
+            os.chown(path, uid, gid)  # a folder we just made; the sandbox has never seen it
+        except PermissionError:
+            os.chmod(path, 0o777)  # noqa: S103  (not root: the sandbox uid must still be able to write)
+            logger.warning("not root: %s is made world-writable so the sandbox user can write to it", path)
+
+    @staticmethod
+    def _make_subfolders(results: Path, uid: int, gid: int) -> None:
+        root_fd = os.open(results, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        try:
+            for name in RESULT_SUBFOLDERS:
+                with contextlib.suppress(FileExistsError):
+                    os.mkdir(name, 0o755, dir_fd=root_fd)
+                fd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=root_fd)
+                try:
+                    with contextlib.suppress(PermissionError):
+                        os.fchown(fd, uid, gid)
+                finally:
+                    os.close(fd)
+        finally:
+            os.close(root_fd)
+
+    def results_root(self, folders: ConversationFolders) -> ResultsRoot:
+        return ResultsRoot(folders.results, self.policy.sandbox.results_mount_path)
+
+    def usage(self, folders: ConversationFolders) -> QuotaUsage:
+        """Bytes used against the quota: the filesystem's counters, or a bounded walk in measured mode."""
+        if folders.quota_mode == "loop":
+            return statvfs_usage(folders.results, folders.quota_bytes)
+        measured = self.results_root(folders).measure_usage()
+        return QuotaUsage(
+            mode="measured", used_bytes=measured.bytes_used, limit_bytes=folders.quota_bytes,
+            free_bytes=max(folders.quota_bytes - measured.bytes_used, 0), complete=measured.complete,
+        )
+
+    def delete(self, folders: ConversationFolders) -> None:
+        """Unmount and delete everything of one conversation (its sandbox must be gone first)."""
+        if folders.quota_mode == "loop":
+            unmount_loop_quota(folders.results)
+            folders.volume.unlink(missing_ok=True)
+        if folders.root.exists():
+            shutil.rmtree(folders.root)  # fd-based on Linux: never follows a link the sandbox planted

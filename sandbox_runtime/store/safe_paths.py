@@ -1,0 +1,556 @@
+"""The one place that turns a model-supplied path into an open file in a hostile results folder.
+
+The sandbox controls everything below the host's ``results/`` folder (bind-mounted at ``/mnt/results``) and
+may plant symlinks, FIFOs, hard links, devices, sparse or growing files, very deep trees and odd names there.
+The host runs as root, so it must never follow a link the sandbox planted. Every operation here therefore:
+
+* validates the path lexically first (:meth:`ResultsRoot.parse`), never resolving anything on disk;
+* walks from a descriptor of the trusted root, one component at a time, with ``O_NOFOLLOW`` (``openat``),
+  checking that each folder is on the root's device;
+* checks the *opened descriptor* with ``fstat`` (regular file, same device, one link, size under the cap)
+  and reads at most ``cap + 1`` bytes;
+* creates files only with ``O_CREAT|O_EXCL|O_NOFOLLOW`` under a random temporary name and publishes them
+  atomically with ``link`` (never overwrites) or ``rename`` (replaces a planted link itself, never writes
+  through it), then checks that the published name is the inode it wrote;
+* bounds every walk (entries and depth), holds at most one descriptor per level and never recurses.
+
+Names read back from disk may hold invalid UTF-8 (kept as surrogate escapes), newlines or bidi marks; pass
+them through :func:`display_name` before showing them to a person or a model.
+"""
+
+from __future__ import annotations
+
+import errno
+import io
+import os
+import re
+import secrets
+import stat
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal, Protocol
+
+from sandbox_runtime.errors import (
+    FileTooLarge,
+    PathNotFound,
+    PathOutsideResults,
+    PathRejected,
+    UnsafeFileType,
+)
+
+__all__ = [
+    "DEFAULT_MOUNT_PATH",
+    "MAX_NAME_BYTES",
+    "MAX_PATH_BYTES",
+    "Entry",
+    "EntryKind",
+    "PathArg",
+    "ResultsRoot",
+    "Usage",
+    "display_name",
+    "read_capped",
+]
+
+DEFAULT_MOUNT_PATH = "/mnt/results"
+MAX_NAME_BYTES = 255
+MAX_PATH_BYTES = 4096
+
+PathArg = str | tuple[str, ...]
+EntryKind = Literal["file", "dir", "symlink", "fifo", "socket", "char_device", "block_device", "other"]
+
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+_FILE_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY
+_TMP_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+_READ_CHUNK = 1 << 20
+_UNSAFE_ERRNOS = frozenset({errno.ELOOP, errno.ENOTDIR, errno.EXDEV, errno.ENXIO, errno.EISDIR})
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+_ENCODED = re.compile(r"%(?:25)*(?:2e|2f|5c)", re.IGNORECASE)
+_UNDISPLAYABLE = re.compile(r"[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069\ud800-\udfff]")
+_ACCEPTED = "a path inside the results folder, e.g. 'spill/a.json' or '{mount}/spill/a.json'"
+
+_KIND_TEXT: dict[EntryKind, str] = {
+    "file": "a regular file",
+    "dir": "a folder",
+    "symlink": "a symbolic link",
+    "fifo": "a FIFO (named pipe)",
+    "socket": "a socket",
+    "char_device": "a character device",
+    "block_device": "a block device",
+    "other": "a special file",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Usage:
+    """Space used below the results folder; ``complete`` is False when a bound stopped the walk."""
+
+    bytes_used: int
+    files: int
+    dirs: int
+    others: int
+    complete: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Entry:
+    """One folder entry, never followed: ``name`` may hold surrogate escapes (see :func:`display_name`)."""
+
+    name: str
+    kind: EntryKind
+    size: int
+
+
+class _Reader(Protocol):
+    def read(self, size: int = -1, /) -> bytes | None: ...
+
+
+def display_name(name: str) -> str:
+    """Escape control characters, bidi marks and undecodable bytes so ``name`` is safe to show."""
+
+    def escape(match: re.Match[str]) -> str:
+        code = ord(match.group())
+        if 0xDC80 <= code <= 0xDCFF:  # a byte that was not UTF-8, kept by surrogateescape
+            return f"\\x{code - 0xDC00:02x}"
+        return f"\\x{code:02x}" if code <= 0xFF else f"\\u{code:04x}"
+
+    return _UNDISPLAYABLE.sub(escape, name)
+
+
+def _kind(mode: int) -> EntryKind:
+    checks: tuple[tuple[bool, EntryKind], ...] = (
+        (stat.S_ISREG(mode), "file"),
+        (stat.S_ISDIR(mode), "dir"),
+        (stat.S_ISLNK(mode), "symlink"),
+        (stat.S_ISFIFO(mode), "fifo"),
+        (stat.S_ISSOCK(mode), "socket"),
+        (stat.S_ISCHR(mode), "char_device"),
+        (stat.S_ISBLK(mode), "block_device"),
+    )
+    return next((kind for hit, kind in checks if hit), "other")
+
+
+def read_capped(file: _Reader, max_bytes: int, *, label: str = "the file") -> bytes:
+    """Read to the end of ``file``, never more than ``max_bytes + 1`` bytes; raise if it exceeds the cap."""
+    if max_bytes < 0:
+        raise ValueError("max_bytes must be >= 0")
+    limit = max_bytes + 1
+    chunks: list[bytes] = []
+    got = 0
+    while got < limit:
+        chunk = file.read(min(limit - got, _READ_CHUNK))
+        if chunk is None:
+            raise UnsafeFileType(f"{label} would block on read; only regular files are read")
+        if not chunk:
+            break
+        chunks.append(chunk)
+        got += len(chunk)
+    if got > max_bytes:
+        raise FileTooLarge(f"{label} grew past the cap of {max_bytes} bytes while it was read")
+    return b"".join(chunks)
+
+
+def _lstat(parent: int, name: str) -> os.stat_result | None:
+    try:
+        return os.stat(name, dir_fd=parent, follow_symlinks=False)
+    except OSError:
+        return None
+
+
+def _refuse_if_not_regular(parent: int, name: str, shown: str) -> None:
+    """Refuse FIFOs, devices and the like before ``open`` so opening one never has side effects."""
+    st = _lstat(parent, name)
+    if st is None:
+        raise PathNotFound(f"{shown} does not exist in the results folder")
+    if not stat.S_ISREG(st.st_mode):
+        raise UnsafeFileType(f"{shown} is {_KIND_TEXT[_kind(st.st_mode)]}; only regular files are read")
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
+
+
+class ResultsRoot:
+    """A conversation's results folder: the folder itself is trusted, everything below it is hostile."""
+
+    def __init__(self, host_root: str | os.PathLike[str], mount_path: str = DEFAULT_MOUNT_PATH) -> None:
+        """Use ``host_root`` (created by the host) as the folder seen at ``mount_path`` in the sandbox."""
+        if not mount_path.startswith("/") or mount_path == "/" or os.path.normpath(mount_path) != mount_path:
+            raise ValueError(
+                f"mount_path must be a normalised absolute path other than '/', not {mount_path!r}"
+            )
+        self._host_root = Path(os.path.abspath(os.fspath(host_root)))
+        self._mount = mount_path
+
+    @property
+    def host_root(self) -> Path:
+        """The host path of the results folder."""
+        return self._host_root
+
+    @property
+    def mount_path(self) -> str:
+        """Where the results folder appears inside the sandbox."""
+        return self._mount
+
+    # ----------------------------------------------------------------------------------------- paths
+    def parse(self, raw: str, *, allow_root: bool = False) -> tuple[str, ...]:
+        """Validate a model-supplied path and return its components relative to the results folder.
+
+        Accepts ``{mount}/x/y`` and ``x/y`` / ``./x/y``; ``.`` and ``a/../b`` are normalised lexically. Raises
+        :class:`PathOutsideResults` for anything malformed, encoded, or outside the folder.
+        """
+        text = _require_str(raw)
+        accepted = _ACCEPTED.format(mount=self._mount)
+
+        def reject(problem: str) -> PathOutsideResults:
+            shown = display_name(text[:80]) + ("..." if len(text) > 80 else "")
+            return PathOutsideResults(f"path '{shown}' {problem}; give {accepted}")
+
+        problem = _text_problem(text)
+        if problem is not None:
+            raise reject(problem)
+        rest = text
+        if text.startswith("/"):
+            if text != self._mount and not text.startswith(self._mount + "/"):
+                raise reject(f"is an absolute path outside {self._mount}")
+            rest = text[len(self._mount) :]
+        parts: list[str] = []
+        for part in rest.split("/"):
+            if part in ("", "."):
+                continue
+            if part == "..":
+                if not parts:
+                    raise reject("climbs above the results folder with '..'")
+                parts.pop()
+                continue
+            if len(part.encode("utf-8", "surrogateescape")) > MAX_NAME_BYTES:
+                raise reject(f"has a name longer than {MAX_NAME_BYTES} bytes")
+            parts.append(part)
+        if not parts and not allow_root:
+            raise reject("names the results folder itself, not a file in it")
+        return tuple(parts)
+
+    def sandbox_path(self, components: tuple[str, ...]) -> str:
+        """The absolute path of ``components`` inside the sandbox, e.g. ``/mnt/results/spill/a.json``."""
+        return "/".join((self._mount, *components))
+
+    def host_path(self, components: tuple[str, ...]) -> Path:
+        """The host path of ``components``; for display and logging only, never for opening."""
+        return self._host_root.joinpath(*components)
+
+    def _components(self, path: PathArg, *, allow_root: bool) -> tuple[str, ...]:
+        if isinstance(path, tuple):
+            if not all(isinstance(part, str) for part in path):
+                raise PathOutsideResults("path components must be strings")
+            parsed = self.parse("/".join(path) or ".", allow_root=allow_root)
+            if parsed != path:
+                raise PathOutsideResults(f"path components {path!r} are not normalised single names")
+            return parsed
+        return self.parse(path, allow_root=allow_root)
+
+    def _shown(self, components: tuple[str, ...]) -> str:
+        return display_name(self.sandbox_path(components))
+
+    # ------------------------------------------------------------------------------------ folder walk
+    @contextmanager
+    def _dir(self, components: tuple[str, ...], *, create: bool = False) -> Iterator[tuple[int, int]]:
+        """Yield ``(fd, root_dev)`` for the folder ``components``, walked without following any link."""
+        fd = os.open(self._host_root, _DIR_FLAGS)
+        try:
+            root_dev = os.fstat(fd).st_dev
+            for depth, name in enumerate(components):
+                child = self._open_child_dir(fd, name, components[: depth + 1], root_dev, create=create)
+                parent, fd = fd, child
+                os.close(parent)
+            yield fd, root_dev
+        finally:
+            os.close(fd)
+
+    def _open_child_dir(
+        self, parent: int, name: str, here: tuple[str, ...], root_dev: int, *, create: bool
+    ) -> int:
+        created = False
+        if create:
+            try:
+                os.mkdir(name, 0o755, dir_fd=parent)
+                created = True
+            except FileExistsError:
+                pass
+            except OSError as exc:
+                raise PathRejected(f"cannot create folder {self._shown(here)}: {exc.strerror}") from exc
+        try:
+            fd = os.open(name, _DIR_FLAGS, dir_fd=parent)
+        except OSError as exc:
+            raise self._open_error(exc, parent, name, here, wanted="a folder") from exc
+        try:
+            if os.fstat(fd).st_dev != root_dev:
+                raise UnsafeFileType(f"{self._shown(here)} is on another device than the results folder")
+            if created:
+                os.fchmod(fd, 0o755)
+        except BaseException:
+            os.close(fd)
+            raise
+        return fd
+
+    def _open_error(
+        self, exc: OSError, parent: int, name: str, here: tuple[str, ...], *, wanted: str
+    ) -> PathRejected | PathNotFound:
+        shown = self._shown(here)
+        if exc.errno == errno.ENOENT:
+            return PathNotFound(f"{shown} does not exist in the results folder")
+        st = _lstat(parent, name)
+        if st is not None and exc.errno in _UNSAFE_ERRNOS:
+            return UnsafeFileType(f"{shown} is {_KIND_TEXT[_kind(st.st_mode)]}, not {wanted}; refused")
+        if exc.errno in _UNSAFE_ERRNOS:
+            return UnsafeFileType(f"{shown} is not {wanted} ({exc.strerror}); refused")
+        return PathRejected(f"{shown} cannot be opened or created: {exc.strerror}")
+
+    # ------------------------------------------------------------------------------------------ reading
+    def _open_regular_fd(self, components: tuple[str, ...], max_bytes: int) -> tuple[int, os.stat_result]:
+        shown = self._shown(components)
+        name = components[-1]
+        with self._dir(components[:-1]) as (parent, root_dev):
+            _refuse_if_not_regular(parent, name, shown)
+            try:
+                fd = os.open(name, _FILE_FLAGS, dir_fd=parent)
+            except OSError as exc:
+                raise self._open_error(exc, parent, name, components, wanted="a regular file") from exc
+        try:
+            st = os.fstat(fd)
+            kind = _kind(st.st_mode)
+            if kind != "file":
+                raise UnsafeFileType(f"{shown} is {_KIND_TEXT[kind]}; only regular files are read")
+            if st.st_dev != root_dev:
+                raise UnsafeFileType(f"{shown} is on another device than the results folder; refused")
+            if st.st_nlink == 0:
+                raise PathNotFound(f"{shown} was removed while it was opened; try again")
+            if st.st_nlink != 1:
+                raise UnsafeFileType(f"{shown} has {st.st_nlink} hard links (it may be a file from outside)")
+            if st.st_size > max_bytes:
+                raise FileTooLarge(f"{shown} is {st.st_size} bytes, more than the cap of {max_bytes} bytes")
+        except BaseException:
+            os.close(fd)
+            raise
+        return fd, st
+
+    @contextmanager
+    def open_regular(self, path: PathArg, *, max_bytes: int) -> Iterator[tuple[io.FileIO, os.stat_result]]:
+        """Open a regular file below the root without following links; yield ``(file, fstat result)``.
+
+        The descriptor is checked to be a regular file on the root's device with one link and at most
+        ``max_bytes`` bytes. Read it with :func:`read_capped` so growth after the check is caught too.
+        """
+        if max_bytes < 0:
+            raise ValueError("max_bytes must be >= 0")
+        fd, st = self._open_regular_fd(self._components(path, allow_root=False), max_bytes)
+        try:
+            file = io.FileIO(fd, "r", closefd=True)
+        except BaseException:
+            os.close(fd)
+            raise
+        with file:
+            yield file, st
+
+    def read_bytes(self, path: PathArg, *, max_bytes: int) -> bytes:
+        """The content of a regular file, at most ``max_bytes`` bytes (:class:`FileTooLarge` otherwise)."""
+        components = self._components(path, allow_root=False)
+        with self.open_regular(components, max_bytes=max_bytes) as (file, _st):
+            return read_capped(file, max_bytes, label=self._shown(components))
+
+    def read_text(self, path: PathArg, *, max_bytes: int, encoding: str = "utf-8") -> str:
+        """:meth:`read_bytes` decoded strictly; undecodable content raises :class:`PathRejected`."""
+        components = self._components(path, allow_root=False)
+        data = self.read_bytes(components, max_bytes=max_bytes)
+        try:
+            return data.decode(encoding)
+        except UnicodeDecodeError as exc:
+            raise PathRejected(
+                f"{self._shown(components)} is not {encoding} text (invalid byte at offset {exc.start})"
+            ) from exc
+
+    # ------------------------------------------------------------------------------------------ writing
+    def ensure_dir(self, path: PathArg) -> None:
+        """Create the folder ``path`` and its parents (mode 0755) without following any planted link."""
+        with self._dir(self._components(path, allow_root=True), create=True):
+            pass
+
+    def create_file(self, path: PathArg, data: bytes, *, make_parents: bool = True, mode: int = 0o644) -> str:
+        """Publish a new file atomically; fail if anything (even a dangling link) holds the name.
+
+        Returns the sandbox path. ``mode`` may hold permission bits only (no setuid/setgid/sticky).
+        """
+        return self._publish(path, data, make_parents=make_parents, mode=mode, replace=False)
+
+    def replace_file(
+        self, path: PathArg, data: bytes, *, make_parents: bool = True, mode: int = 0o644
+    ) -> str:
+        """Publish a file atomically, replacing any non-folder at the name (a link itself, not its target)."""
+        return self._publish(path, data, make_parents=make_parents, mode=mode, replace=True)
+
+    def _publish(self, path: PathArg, data: bytes, *, make_parents: bool, mode: int, replace: bool) -> str:
+        if mode & ~0o777:
+            raise ValueError(f"mode {mode:#o} holds special bits; only permission bits (0o777) are allowed")
+        components = self._components(path, allow_root=False)
+        shown = self._shown(components)
+        name = components[-1]
+        with self._dir(components[:-1], create=make_parents) as (parent, _dev):
+            tmp, fd = self._make_temp(parent, shown)
+            tmp_gone = False  # a rename consumes the temporary name; a link leaves it to remove
+            try:
+                try:
+                    _write_all(fd, data)
+                    os.fchmod(fd, mode)
+                    os.fsync(fd)
+                    written = os.fstat(fd)
+                finally:
+                    os.close(fd)
+                try:
+                    if replace:
+                        os.rename(tmp, name, src_dir_fd=parent, dst_dir_fd=parent)
+                    else:
+                        os.link(tmp, name, src_dir_fd=parent, dst_dir_fd=parent, follow_symlinks=False)
+                    tmp_gone = replace
+                except FileExistsError as exc:
+                    raise self._exists_error(parent, name, shown) from exc
+                except OSError as exc:
+                    raise self._open_error(exc, parent, name, components, wanted="a file name") from exc
+            finally:
+                if not tmp_gone:
+                    with suppress(FileNotFoundError):
+                        os.unlink(tmp, dir_fd=parent)
+            now = _lstat(parent, name)
+            if now is None or (now.st_dev, now.st_ino) != (written.st_dev, written.st_ino):
+                raise PathRejected(f"{shown} was swapped by the sandbox while it was published")
+            os.fsync(parent)
+        return self.sandbox_path(components)
+
+    def _make_temp(self, parent: int, shown: str) -> tuple[str, int]:
+        for _attempt in range(8):
+            tmp = f".sandbox-runtime-{secrets.token_hex(8)}.tmp"
+            try:
+                return tmp, os.open(tmp, _TMP_FLAGS, 0o600, dir_fd=parent)
+            except FileExistsError:
+                continue
+            except OSError as exc:
+                raise PathRejected(f"cannot create a temporary file next to {shown}: {exc.strerror}") from exc
+        raise PathRejected(f"cannot create a temporary file next to {shown}: every random name was taken")
+
+    def _exists_error(self, parent: int, name: str, shown: str) -> PathRejected:
+        st = _lstat(parent, name)
+        kind = _kind(st.st_mode) if st is not None else "other"
+        if kind == "file":
+            return PathRejected(f"{shown} already exists; choose another name")
+        return UnsafeFileType(f"{shown} already exists as {_KIND_TEXT[kind]}; refusing to write there")
+
+    # ------------------------------------------------------------------------------------ walking
+    def list_dir(self, path: PathArg, *, max_entries: int) -> list[Entry]:
+        """At most ``max_entries`` entries of a folder, sorted by name; nothing is followed or opened."""
+        if max_entries < 0:
+            raise ValueError("max_entries must be >= 0")
+        entries: list[Entry] = []
+        with self._dir(self._components(path, allow_root=True)) as (fd, _dev), os.scandir(fd) as it:
+            for item in it:
+                if len(entries) >= max_entries:
+                    break
+                try:
+                    st = item.stat(follow_symlinks=False)
+                except OSError:
+                    continue  # removed while listed
+                entries.append(Entry(item.name, _kind(st.st_mode), st.st_size))
+        return sorted(entries, key=lambda entry: entry.name)
+
+    def measure_usage(self, *, max_entries: int = 200_000, max_depth: int = 256) -> Usage:
+        """Space really used below the root (``st_blocks``), hard links once; bounded, iterative, no links."""
+        if max_entries < 0 or max_depth < 0:
+            raise ValueError("max_entries and max_depth must be >= 0")
+        seen: set[tuple[int, int]] = set()
+        counts = {"bytes": 0, "file": 0, "dir": 0, "other": 0, "entries": 0}
+        stack: list[tuple[int, list[str]]] = []  # one descriptor per level, with its unvisited subfolders
+        complete = True
+        try:
+            root = os.open(self._host_root, _DIR_FLAGS)
+            stack.append((root, []))
+            root_dev = os.fstat(root).st_dev
+            exhausted = not self._scan(root, stack[-1][1], seen, counts, max_entries)
+            while not exhausted and stack:
+                top, pending = stack[-1]
+                if not pending:
+                    os.close(top)
+                    stack.pop()
+                    continue
+                name = pending.pop()
+                if len(stack) > max_depth:  # the subfolders of ``top`` lie deeper than max_depth
+                    pending.clear()
+                    complete = False
+                    continue
+                try:
+                    child = os.open(name, _DIR_FLAGS, dir_fd=top)
+                except OSError:  # swapped for a link, removed, or out of descriptors: not counted
+                    complete = False
+                    continue
+                stack.append((child, []))
+                if os.fstat(child).st_dev != root_dev:  # a mount below the root is not ours to count
+                    complete = False
+                    continue
+                exhausted = not self._scan(child, stack[-1][1], seen, counts, max_entries)
+        finally:
+            for top, _pending in stack:
+                os.close(top)
+        return Usage(
+            counts["bytes"], counts["file"], counts["dir"], counts["other"], complete and not exhausted
+        )
+
+    @staticmethod
+    def _scan(
+        fd: int, subdirs: list[str], seen: set[tuple[int, int]], counts: dict[str, int], max_entries: int
+    ) -> bool:
+        """Count one folder's entries and collect its subfolders; False when the entry budget ran out."""
+        with os.scandir(fd) as it:
+            for item in it:
+                if counts["entries"] >= max_entries:
+                    return False
+                counts["entries"] += 1
+                try:
+                    st = item.stat(follow_symlinks=False)
+                except OSError:
+                    continue
+                kind = _kind(st.st_mode)
+                counts[kind if kind in ("file", "dir") else "other"] += 1
+                if kind == "dir":
+                    subdirs.append(item.name)
+                if st.st_nlink > 1 and kind != "dir":
+                    if (st.st_dev, st.st_ino) in seen:
+                        continue
+                    seen.add((st.st_dev, st.st_ino))
+                counts["bytes"] += st.st_blocks * 512
+        return True
+
+
+def _text_problem(text: str) -> str | None:
+    """What is wrong with the characters of a path, before it is split; None if nothing."""
+    try:
+        size = len(text.encode("utf-8", "surrogateescape"))
+    except UnicodeEncodeError:
+        size = -1
+    checks = (
+        (not text.strip(), "is empty"),
+        ("\x00" in text, "contains a NUL byte"),
+        (_CONTROL.search(text) is not None, "contains a control character"),
+        (size < 0, "contains an unpaired surrogate"),
+        (size > MAX_PATH_BYTES, f"is {size} bytes long, more than {MAX_PATH_BYTES}"),
+        (
+            _ENCODED.search(text) is not None,
+            "contains a percent-encoded '.', '/' or '\\' (an encoding trick)",
+        ),
+        ("\\" in text, "contains a backslash; use '/' between folders"),
+    )
+    return next((problem for bad, problem in checks if bad), None)
+
+
+def _require_str(value: object) -> str:
+    if not isinstance(value, str):
+        raise PathOutsideResults(f"a path must be a string, not {type(value).__name__}")
+    return value

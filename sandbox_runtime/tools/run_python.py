@@ -1,0 +1,249 @@
+"""``run_python``: run inline code or a script from the results folder in the conversation's sandbox.
+
+Inline code is first saved as ``scripts/run-NNNN.py`` so that tracebacks name a real file the model can read,
+edit and run again by path. Every run ends in exactly one ``status``:
+
+=================  ===========================================================================================
+ok                 the script exited 0
+error              it exited non-zero or raised; the full stderr is in ``errors/run-NNNN.txt``
+timeout            the wall-clock limit ended it (SIGTERM, then SIGKILL after ``kill_grace_s``)
+memory_limit       the kernel's OOM killer ended a process of the run (even when the parent then exited 0)
+output_limit       stdout or stderr passed its byte cap: the run was killed; what was captured is kept in a file
+quota_exceeded     the results folder is full (used and limit in bytes are given)
+=================  ===========================================================================================
+
+Bad arguments raise typed errors (:class:`InvalidToolArguments`, :class:`~sandbox_runtime.errors.PathRejected`);
+an unreachable engine raises :class:`~sandbox_runtime.errors.EngineUnavailable`. Failures of the code itself
+are results with ``is_error`` set.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from sandbox_runtime.errors import PathRejected, SandboxRuntimeError
+from sandbox_runtime.policy import Policy
+from sandbox_runtime.sandbox.backend import ExecRequest, ExecResult
+from sandbox_runtime.sandbox.manager import Sandbox, SandboxManager
+from sandbox_runtime.sandbox.profile import PYTHON, RUNNER, code_user, exec_environment
+from sandbox_runtime.store.safe_paths import ResultsRoot
+from sandbox_runtime.tools.error_summary import summarize_failure
+
+__all__ = ["InvalidToolArguments", "RunPythonArgs", "RunPythonResult", "RunStatus", "run_python"]
+
+logger = logging.getLogger(__name__)
+
+RunStatus = Literal["ok", "error", "timeout", "memory_limit", "output_limit", "quota_exceeded"]
+_RUNNER_TIMEOUT_EXIT = 124
+_RUNNER_OUTPUT_LIMIT_EXIT = 125
+_HOST_CAP_MARGIN_BYTES = 64 * 1024  # the runner stops at cap + 1; the host's own cap is a backstop above it
+_HOST_DEADLINE_MARGIN_S = 15.0
+_NO_SPACE = re.compile(r"\[Errno 28\]|No space left on device|\[Errno 27\]|File too large")
+
+
+class InvalidToolArguments(SandboxRuntimeError, ValueError):
+    """A tool was called with arguments that do not fit its schema; the message names the field."""
+
+
+class RunPythonArgs(BaseModel):
+    """Arguments of ``run_python``: exactly one of ``code`` or ``script_path``."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    code: str | None = Field(None, description="Python source to run (saved as scripts/run-NNNN.py first).")
+    script_path: str | None = Field(None, description="A .py file in the results folder, e.g. "
+                                    "/mnt/results/scripts/report.py or scripts/report.py.")
+    args: list[str] = Field(default_factory=list, description="Command-line arguments (sys.argv[1:]).")
+    timeout_s: float | None = Field(None, gt=0, description="Wall-clock limit in seconds (policy default).")
+
+    @model_validator(mode="after")
+    def _exactly_one_source(self) -> RunPythonArgs:
+        if (self.code is None) == (self.script_path is None):
+            raise ValueError("give exactly one of `code` (inline source) or `script_path` (a file in results)")
+        return self
+
+
+class RunPythonResult(BaseModel):
+    """What a run did. ``message`` is the short text for the model; the rest is for the host."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    status: RunStatus
+    is_error: bool
+    exit_code: int | None
+    stdout: str
+    stderr: str
+    duration_s: float
+    message: str
+    script_path: str
+    error_path: str | None = None
+    output_path: str | None = None
+    stdout_bytes: int
+    stderr_bytes: int
+    used_bytes: int | None = None
+    limit_bytes: int | None = None
+
+
+def parse_args(raw: dict[str, object] | RunPythonArgs, policy: Policy) -> RunPythonArgs:
+    """Validate arguments against the schema and the policy's caps."""
+    try:
+        args = raw if isinstance(raw, RunPythonArgs) else RunPythonArgs.model_validate(raw)
+    except ValidationError as exc:
+        detail = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'arguments'}: {e['msg']}" for e in exc.errors())
+        raise InvalidToolArguments(f"run_python: {detail}") from exc
+    run = policy.run
+    if args.code is not None and len(args.code.encode("utf-8", "surrogatepass")) > run.inline_code_max_bytes:
+        raise InvalidToolArguments(
+            f"run_python: `code` is larger than inline_code_max_bytes={run.inline_code_max_bytes}; write it "
+            "to a file with write_file and pass script_path"
+        )
+    if len(args.args) > run.script_args_max_count:
+        raise InvalidToolArguments(f"run_python: at most {run.script_args_max_count} entries in `args`")
+    if any("\x00" in a for a in args.args):
+        raise InvalidToolArguments("run_python: `args` entries must not contain NUL characters")
+    if args.timeout_s is not None and args.timeout_s > run.max_timeout_s:
+        raise InvalidToolArguments(f"run_python: timeout_s is at most {run.max_timeout_s:g} seconds")
+    return args
+
+
+def _decode(data: bytes) -> str:
+    return data.decode("utf-8", errors="replace")
+
+
+def _script(root: ResultsRoot, args: RunPythonArgs, run_number: int) -> str:
+    """The in-sandbox path of the script to run: the given file (checked) or the inline code saved."""
+    if args.script_path is not None:
+        with root.open_regular(args.script_path, max_bytes=64 * 1024 * 1024):
+            pass  # a regular file, beneath the root, not a link: the sandbox may swap it later, which only
+            # affects what the sandbox itself runs
+        return root.sandbox_path(root.parse(args.script_path))
+    return root.create_file(f"scripts/run-{run_number:04d}.py", (args.code or "").encode("utf-8", "surrogatepass"))
+
+
+def _save(root: ResultsRoot, relative: str, text: str) -> str | None:
+    """Write a file for the model; None (and a warning) when the disk or quota refuses it."""
+    try:
+        return root.create_file(relative, text.encode("utf-8", "surrogatepass"))
+    except (OSError, PathRejected) as exc:
+        logger.warning("could not save %s: %s", relative, exc)
+        return None
+
+
+def run_python(manager: SandboxManager, conversation_id: str, raw_args: dict[str, object] | RunPythonArgs
+               ) -> RunPythonResult:
+    """Run one script in the conversation's sandbox and classify how it ended."""
+    policy = manager.policy
+    args = parse_args(raw_args, policy)
+    timeout_s = args.timeout_s or policy.run.default_timeout_s
+    with manager.lock(conversation_id):
+        sandbox = manager.get_or_create(conversation_id)
+        root = manager.store.results_root(sandbox.folders)
+        run_number = manager.state.next_run_number(conversation_id)
+        usage = manager.store.usage(sandbox.folders)
+        if usage.mode == "measured" and usage.used_bytes > usage.limit_bytes:
+            return _quota_result(root, args, usage.used_bytes, usage.limit_bytes, run_number)
+        try:
+            script = _script(root, args, run_number)
+        except OSError as exc:  # ENOSPC while saving inline code: the quota is full
+            logger.info("saving inline code failed: %s", exc)
+            usage = manager.store.usage(sandbox.folders)
+            return _quota_result(root, args, usage.used_bytes, usage.limit_bytes, run_number)
+        oom_before = manager.backend.oom_kill_count(sandbox.container_id)
+        caps = (policy.run.stdout_max_bytes, policy.run.stderr_max_bytes)
+        result = manager.backend.exec(sandbox.container_id, ExecRequest(
+            command=(PYTHON, "-I", RUNNER, f"{timeout_s:g}", f"{policy.run.kill_grace_s:g}", str(caps[0]),
+                     str(caps[1]), PYTHON, script, *args.args),
+            user=code_user(policy), environment=exec_environment(policy),
+            working_dir=policy.sandbox.results_mount_path, stdout_max_bytes=caps[0] + _HOST_CAP_MARGIN_BYTES,
+            stderr_max_bytes=caps[1] + _HOST_CAP_MARGIN_BYTES,
+            deadline_s=timeout_s + policy.run.kill_grace_s + _HOST_DEADLINE_MARGIN_S,
+        ))
+        if result.over_cap is not None or result.deadline_hit:
+            # the runner did not stop the run itself (the code got around it): end every process at once
+            logger.warning("run %d in %s passed the host's backstop (%s); restarting the sandbox", run_number,
+                           conversation_id, result.over_cap or "deadline")
+            manager.restart(sandbox)
+        oom_after = manager.backend.oom_kill_count(sandbox.container_id)
+        manager.touch(sandbox)
+        status = _classify(result, timeout_s, oom_before, oom_after)
+        if status == "error" and _NO_SPACE.search(_decode(result.stderr[-8192:])):
+            status = "quota_exceeded"
+        if status == "ok" and usage.mode == "measured":
+            after = manager.store.usage(sandbox.folders)
+            if after.used_bytes > after.limit_bytes:
+                status = "quota_exceeded"
+        return _finish(manager, sandbox, root, script, run_number, result, status, timeout_s)
+
+
+def _classify(result: ExecResult, timeout_s: float, oom_before: int | None, oom_after: int | None) -> RunStatus:
+    if result.over_cap is not None or result.exit_code == _RUNNER_OUTPUT_LIMIT_EXIT:
+        return "output_limit"
+    if oom_before is not None and oom_after is not None and oom_after > oom_before:
+        return "memory_limit"
+    if result.deadline_hit or (result.exit_code == _RUNNER_TIMEOUT_EXIT and result.duration_s >= timeout_s):
+        return "timeout"
+    if oom_after is None and result.exit_code == 137:
+        return "memory_limit"  # no cgroup counter to ask (e.g. some gVisor set-ups): SIGKILL is the best sign
+    return "ok" if result.exit_code == 0 else "error"
+
+
+def _quota_result(root: ResultsRoot, args: RunPythonArgs, used: int, limit: int, run_number: int
+                  ) -> RunPythonResult:
+    script = args.script_path or f"scripts/run-{run_number:04d}.py (not saved)"
+    return RunPythonResult(
+        status="quota_exceeded", is_error=True, exit_code=None, stdout="", stderr="", duration_s=0.0,
+        message=f"Not run: the results folder is full ({used:,} of {limit:,} bytes used). Delete files you no "
+        f"longer need (e.g. with run_python: os.remove) and run again.",
+        script_path=script if args.script_path else root.sandbox_path(()) + "/" + script,
+        stdout_bytes=0, stderr_bytes=0, used_bytes=used, limit_bytes=limit,
+    )
+
+
+def _finish(manager: SandboxManager, sandbox: Sandbox, root: ResultsRoot, script: str, run_number: int,
+            result: ExecResult, status: RunStatus, timeout_s: float) -> RunPythonResult:
+    policy = manager.policy
+    stdout = _decode(result.stdout[: policy.run.stdout_max_bytes])
+    stderr = _decode(result.stderr[: policy.run.stderr_max_bytes])
+    base = dict(status=status, is_error=status != "ok", exit_code=result.exit_code, stdout=stdout, stderr=stderr,
+                duration_s=round(result.duration_s, 3), script_path=script,
+                stdout_bytes=result.stdout_bytes_total, stderr_bytes=result.stderr_bytes_total)
+    if status == "ok":
+        return RunPythonResult(message=f"Exit code 0 in {result.duration_s:.2f} s.", **base)  # type: ignore[arg-type]
+    error_path = _save(root, f"errors/run-{run_number:04d}.txt", stderr)
+    output_path = None
+    extra: dict[str, object] = {}
+    summary = summarize_failure(
+        stderr, exit_code=result.exit_code, user_path_prefixes=[policy.sandbox.results_mount_path + "/"],
+        error_file_path=error_path or "(not saved: the results folder is full)",
+        max_chars=policy.run.error_message_max_chars,
+    )
+    if status == "error":
+        message = summary.message
+    elif status == "timeout":
+        message = (f"Stopped at the time limit of {timeout_s:g} s (timeout_s); every process of the run was "
+                   f"ended. Make the script faster or pass a larger timeout_s (at most "
+                   f"{policy.run.max_timeout_s:g} s). {summary.message}")
+    elif status == "memory_limit":
+        message = (f"Killed: the run used more than the memory limit of {policy.sandbox.limits.memory_bytes:,} "
+                   f"bytes. Process the data in smaller pieces (stream rows instead of loading them all). "
+                   f"{summary.message}")
+    elif status == "output_limit":
+        stream = result.over_cap or ("stdout" if result.stdout_bytes_total > policy.run.stdout_max_bytes else "stderr")
+        cap = policy.run.stdout_max_bytes if stream == "stdout" else policy.run.stderr_max_bytes
+        output_path = _save(root, f"errors/run-{run_number:04d}.{stream}.txt",
+                            _decode((result.stdout if stream == "stdout" else result.stderr)[:cap]))
+        message = (f"Killed: the run printed more than {cap:,} bytes on {stream} (the cap). Write large output "
+                   f"to a file in {policy.sandbox.results_mount_path} instead of printing it. The first {cap:,} "
+                   f"bytes are in {output_path or '(not saved: the results folder is full)'}.")
+    else:
+        usage = manager.store.usage(sandbox.folders)
+        extra = {"used_bytes": usage.used_bytes, "limit_bytes": usage.limit_bytes}
+        message = (f"The results folder is full: {usage.used_bytes:,} of {usage.limit_bytes:,} bytes used "
+                   f"(the conversation's disk quota). Delete files you no longer need and run again. "
+                   f"{summary.message}")
+    return RunPythonResult(message=message[: max(policy.run.error_message_max_chars, 400) * 2],
+                           error_path=error_path, output_path=output_path, **base, **extra)  # type: ignore[arg-type]

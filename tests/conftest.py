@@ -1,0 +1,100 @@
+"""Shared fixtures: a real Docker engine, the executor image, and runtimes cleaned up by label.
+
+Every container a test makes carries ``io.sandbox-runtime.test=<this session>``; the session removes them all
+at the end, even when a test failed. Without an engine the Docker tests are skipped, except when ``CI`` is set:
+then they fail, so CI can never pass without running them.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from sandbox_runtime.errors import EngineUnavailable
+from sandbox_runtime.policy import Policy, load_policy
+from sandbox_runtime.runtime import Runtime
+from sandbox_runtime.sandbox.docker_backend import DockerBackend
+from sandbox_runtime.sandbox.image import build_executor_image, executor_image_tag
+from sandbox_runtime.sandbox.profile import LABEL_RUNTIME
+
+TEST_LABEL = "io.sandbox-runtime.test"
+SESSION = uuid.uuid4().hex[:12]
+RuntimeFactory = Callable[..., Runtime]
+
+
+def _runsc_installed(backend: DockerBackend) -> bool:
+    return "runsc" in backend.engine_info().runtimes
+
+
+@pytest.fixture(scope="session")
+def docker_backend() -> Iterator[DockerBackend]:
+    """The real engine; a missing engine fails the run under CI and skips Docker tests elsewhere."""
+    try:
+        backend = DockerBackend()
+        backend.engine_info()
+    except EngineUnavailable as exc:
+        if os.environ.get("CI"):
+            pytest.fail(f"CI is set but the Docker engine is not reachable: {exc}")
+        pytest.skip(f"no Docker engine: {exc}")
+    yield backend
+    for info in backend.list_containers({TEST_LABEL: SESSION}):
+        backend.remove(info.id)
+    backend.close()
+
+
+@pytest.fixture(scope="session")
+def executor_image(docker_backend: DockerBackend) -> str:
+    """The executor image, built (offline when no registry answers) when it is missing."""
+    return build_executor_image(docker_backend).tag if not docker_backend.image_exists(
+        executor_image_tag()) else executor_image_tag()
+
+
+@pytest.fixture
+def runtime_factory(
+    docker_backend: DockerBackend, executor_image: str, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[RuntimeFactory]:
+    """Make runtimes on fresh state directories; every conversation they made is deleted afterwards."""
+    made: list[Runtime] = []
+
+    def make(policy: Policy | str = "default", state_dir: Path | None = None, **kwargs: object) -> Runtime:
+        runtime = Runtime(
+            state_dir or tmp_path_factory.mktemp("state"), policy, image=executor_image,
+            extra_labels={TEST_LABEL: SESSION}, reap_interval_s=None, **kwargs,  # type: ignore[arg-type]
+        )
+        made.append(runtime)
+        return runtime
+
+    yield make
+    for runtime in made:
+        for record in runtime.state.conversations():
+            runtime.conversation(record.id).delete()
+        runtime.close()
+    for info in docker_backend.list_containers({TEST_LABEL: SESSION, LABEL_RUNTIME: "1"}):
+        docker_backend.remove(info.id)
+
+
+@pytest.fixture
+def runtime(runtime_factory: RuntimeFactory) -> Runtime:
+    """A runtime under the default policy."""
+    return runtime_factory()
+
+
+def runtimes_to_test(backend: DockerBackend) -> list[str]:
+    """runc always; runsc (gVisor) where the engine has it registered."""
+    return ["default", "gvisor"] if _runsc_installed(backend) else ["default"]
+
+
+@pytest.fixture(scope="session", params=["runc", "runsc"])
+def containment_policy(request: pytest.FixtureRequest, docker_backend: DockerBackend) -> Policy:
+    """The default policy under runc, and under runsc where installed (required when CI is set)."""
+    if request.param == "runc":
+        return load_policy("default")
+    if not _runsc_installed(docker_backend):
+        if os.environ.get("CI"):
+            pytest.fail("CI is set but runsc (gVisor) is not registered with the engine")
+        pytest.skip("runsc (gVisor) is not registered with the Docker engine")
+    return load_policy("gvisor")
