@@ -83,11 +83,6 @@ def runtime(runtime_factory: RuntimeFactory) -> Runtime:
     return runtime_factory()
 
 
-def runtimes_to_test(backend: DockerBackend) -> list[str]:
-    """runc always; runsc (gVisor) where the engine has it registered."""
-    return ["default", "gvisor"] if _runsc_installed(backend) else ["default"]
-
-
 @pytest.fixture(scope="session", params=["runc", "runsc"])
 def containment_policy(request: pytest.FixtureRequest, docker_backend: DockerBackend) -> Policy:
     """The default policy under runc, and under runsc where installed (required when CI is set)."""
