@@ -61,9 +61,10 @@ def runtime_factory(
     made: list[Runtime] = []
 
     def make(policy: Policy | str = "default", state_dir: Path | None = None, **kwargs: object) -> Runtime:
+        options: dict[str, object] = {"image": executor_image, "reap_interval_s": None, **kwargs}
         runtime = Runtime(
-            state_dir or tmp_path_factory.mktemp("state"), policy, image=executor_image,
-            extra_labels={TEST_LABEL: SESSION}, reap_interval_s=None, **kwargs,  # type: ignore[arg-type]
+            state_dir or tmp_path_factory.mktemp("state"), policy, extra_labels={TEST_LABEL: SESSION},
+            **options,  # type: ignore[arg-type]
         )
         made.append(runtime)
         return runtime

@@ -238,8 +238,9 @@ class DockerBackend(SandboxBackend):
                 sock, started + request.deadline_s, request.stdout_max_bytes, request.stderr_max_bytes
             )
         finally:
-            with contextlib.suppress(OSError):
-                raw.close()
+            for handle in (raw, sock):
+                with contextlib.suppress(OSError):
+                    handle.close()
         exit_code = None
         if over_cap is None and not deadline_hit:
             exit_code = self._exit_code(exec_id)

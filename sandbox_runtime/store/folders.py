@@ -135,7 +135,8 @@ class ConversationStore:
             os.close(root_fd)
 
     def results_root(self, folders: ConversationFolders) -> ResultsRoot:
-        return ResultsRoot(folders.results, self.policy.sandbox.results_mount_path)
+        return ResultsRoot(folders.results, self.policy.sandbox.results_mount_path,
+                           owner=(self.policy.sandbox.uid, self.policy.sandbox.gid))
 
     def usage(self, folders: ConversationFolders) -> QuotaUsage:
         """Bytes used against the quota: the filesystem's counters, or a bounded walk in measured mode."""

@@ -173,11 +173,24 @@ def _write_all(fd: int, data: bytes) -> None:
         view = view[os.write(fd, view) :]
 
 
+_DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
+
+
 class ResultsRoot:
     """A conversation's results folder: the folder itself is trusted, everything below it is hostile."""
 
-    def __init__(self, host_root: str | os.PathLike[str], mount_path: str = DEFAULT_MOUNT_PATH) -> None:
-        """Use ``host_root`` (created by the host) as the folder seen at ``mount_path`` in the sandbox."""
+    def __init__(
+        self,
+        host_root: str | os.PathLike[str],
+        mount_path: str = DEFAULT_MOUNT_PATH,
+        owner: tuple[int, int] | None = None,
+    ) -> None:
+        """Use ``host_root`` (created by the host) as the folder seen at ``mount_path`` in the sandbox.
+
+        ``owner`` (uid, gid): files and folders the host creates are handed to the sandbox user (``fchown``
+        on the new descriptor, never by path), so the code can edit and delete what the host wrote for it.
+        """
+        self._owner = owner
         if not mount_path.startswith("/") or mount_path == "/" or os.path.normpath(mount_path) != mount_path:
             raise ValueError(
                 f"mount_path must be a normalised absolute path other than '/', not {mount_path!r}"
@@ -280,6 +293,8 @@ class ResultsRoot:
             except FileExistsError:
                 pass
             except OSError as exc:
+                if exc.errno in _DISK_FULL:
+                    raise
                 raise PathRejected(f"cannot create folder {self._shown(here)}: {exc.strerror}") from exc
         try:
             fd = os.open(name, _DIR_FLAGS, dir_fd=parent)
@@ -290,6 +305,7 @@ class ResultsRoot:
                 raise UnsafeFileType(f"{self._shown(here)} is on another device than the results folder")
             if created:
                 os.fchmod(fd, 0o755)
+                self._give(fd)
         except BaseException:
             os.close(fd)
             raise
@@ -403,6 +419,7 @@ class ResultsRoot:
                 try:
                     _write_all(fd, data)
                     os.fchmod(fd, mode)
+                    self._give(fd)
                     os.fsync(fd)
                     written = os.fstat(fd)
                 finally:
@@ -427,6 +444,11 @@ class ResultsRoot:
             os.fsync(parent)
         return self.sandbox_path(components)
 
+    def _give(self, fd: int) -> None:
+        if self._owner is not None:
+            with suppress(PermissionError):  # not root: the files stay the host user's
+                os.fchown(fd, *self._owner)
+
     def _make_temp(self, parent: int, shown: str) -> tuple[str, int]:
         for _attempt in range(8):
             tmp = f".sandbox-runtime-{secrets.token_hex(8)}.tmp"
@@ -435,6 +457,8 @@ class ResultsRoot:
             except FileExistsError:
                 continue
             except OSError as exc:
+                if exc.errno in _DISK_FULL:
+                    raise  # the quota is reached: callers tell that apart from a refused path
                 raise PathRejected(f"cannot create a temporary file next to {shown}: {exc.strerror}") from exc
         raise PathRejected(f"cannot create a temporary file next to {shown}: every random name was taken")
 

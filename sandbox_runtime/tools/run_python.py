@@ -19,13 +19,14 @@ are results with ``is_error`` set.
 
 from __future__ import annotations
 
+import errno
 import logging
 import re
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from sandbox_runtime.errors import PathRejected, SandboxRuntimeError
+from sandbox_runtime.errors import PathNotFound, PathRejected, SandboxRuntimeError
 from sandbox_runtime.policy import Policy
 from sandbox_runtime.sandbox.backend import ExecRequest, ExecResult
 from sandbox_runtime.sandbox.manager import Sandbox, SandboxManager
@@ -128,7 +129,7 @@ def _save(root: ResultsRoot, relative: str, text: str) -> str | None:
     """Write a file for the model; None (and a warning) when the disk or quota refuses it."""
     try:
         return root.create_file(relative, text.encode("utf-8", "surrogatepass"))
-    except (OSError, PathRejected) as exc:
+    except OSError as exc:  # the quota is full, or the sandbox planted something at that name
         logger.warning("could not save %s: %s", relative, exc)
         return None
 
@@ -148,8 +149,12 @@ def run_python(manager: SandboxManager, conversation_id: str, raw_args: dict[str
             return _quota_result(root, args, usage.used_bytes, usage.limit_bytes, run_number)
         try:
             script = _script(root, args, run_number)
-        except OSError as exc:  # ENOSPC while saving inline code: the quota is full
-            logger.info("saving inline code failed: %s", exc)
+        except (PathRejected, PathNotFound):
+            raise
+        except OSError as exc:
+            if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+                raise
+            logger.info("saving inline code failed: the results folder is full (%s)", exc)
             usage = manager.store.usage(sandbox.folders)
             return _quota_result(root, args, usage.used_bytes, usage.limit_bytes, run_number)
         oom_before = manager.backend.oom_kill_count(sandbox.container_id)

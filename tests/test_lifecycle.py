@@ -1,0 +1,142 @@
+"""One sandbox per conversation: started on demand, reaped when idle or old, orphans swept, fail closed."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+
+from sandbox_runtime.errors import InvalidConversationId, SelfCheckFailed
+from sandbox_runtime.policy import load_policy
+from sandbox_runtime.runtime import Runtime
+from sandbox_runtime.sandbox.docker_backend import DockerBackend
+from sandbox_runtime.sandbox.profile import LABEL_CONVERSATION, LABEL_RUNTIME
+from tests.conftest import SESSION, TEST_LABEL, RuntimeFactory
+
+pytestmark = pytest.mark.docker
+
+
+def _ours(backend: DockerBackend, conversation: str) -> list[str]:
+    return [c.id for c in backend.list_containers({TEST_LABEL: SESSION, LABEL_CONVERSATION: conversation})]
+
+
+def test_each_conversation_gets_its_own_labelled_sandbox(runtime: Runtime) -> None:
+    a = runtime.conversation("lifecycle-a").sandbox()
+    b = runtime.conversation("lifecycle-b").sandbox()
+    assert a.container_id != b.container_id
+    assert _ours(runtime.backend, "lifecycle-a") == [a.container_id]  # type: ignore[arg-type]
+    info = runtime.backend.inspect(a.container_id)
+    assert info is not None
+    assert info.labels[LABEL_RUNTIME] == "1"
+    assert {"io.sandbox-runtime.created-at", "io.sandbox-runtime.policy-hash"} <= set(info.labels)
+
+
+def test_closing_a_conversation_removes_its_sandbox_and_keeps_its_files(runtime: Runtime) -> None:
+    conversation = runtime.conversation("closing")
+    conversation.run_python("open('/mnt/results/kept.txt', 'w').write('kept')")
+    assert conversation.close() is True
+    assert _ours(runtime.backend, "closing") == []  # type: ignore[arg-type]
+    assert (conversation.folders.results / "kept.txt").read_text() == "kept"
+    assert conversation.run_python("print(open('/mnt/results/kept.txt').read())").stdout == "kept\n"
+
+
+def test_an_idle_sandbox_is_reaped_and_its_results_folder_stays(runtime: Runtime) -> None:
+    conversation = runtime.conversation("idle")
+    conversation.run_python("open('/mnt/results/kept.txt', 'w').write('kept')")
+    container = conversation.sandbox().container_id
+    real_clock = runtime.manager.clock
+    runtime.manager.clock = lambda: real_clock() + runtime.policy.sandbox.idle_timeout_s - 60
+    assert runtime.manager.reap() == []
+    runtime.manager.clock = lambda: real_clock() + runtime.policy.sandbox.idle_timeout_s + 60
+    removed = runtime.manager.reap()
+    assert [r.container_id for r in removed] == [container]
+    assert "idle" in removed[0].reason
+    assert runtime.backend.inspect(container) is None
+    assert (conversation.folders.results / "kept.txt").exists()
+
+
+def test_a_sandbox_past_its_maximum_lifetime_is_replaced_on_next_use(runtime: Runtime) -> None:
+    conversation = runtime.conversation("old")
+    container = conversation.sandbox().container_id
+    real_clock = runtime.manager.clock
+    runtime.manager.clock = lambda: real_clock() + runtime.policy.sandbox.max_lifetime_s + 60
+    fresh = conversation.sandbox().container_id
+    assert fresh != container
+    assert runtime.backend.inspect(container) is None
+
+
+def test_orphans_are_swept_at_start_up_and_by_gc(runtime_factory: RuntimeFactory, tmp_path: Path) -> None:
+    def orphan(name: str) -> str:
+        state = tmp_path / name
+        container = runtime_factory(state_dir=state).conversation("orphan").sandbox().container_id
+        (state / "state.sqlite3").unlink()  # its state directory is gone: nothing owns the container
+        return container
+
+    before_start = orphan("gone-before-start")
+    survivor = runtime_factory()
+    assert survivor.backend.inspect(before_start) is None  # swept at start-up
+    kept = survivor.conversation("kept").sandbox().container_id
+    after_start = orphan("gone-after-start")
+    removed = {r.container_id: r.reason for r in survivor.gc()}
+    assert "state directory is gone" in removed[after_start]
+    assert kept not in removed
+    assert survivor.backend.inspect(after_start) is None
+
+
+def test_a_container_of_an_unknown_conversation_is_an_orphan(runtime_factory: RuntimeFactory) -> None:
+    runtime = runtime_factory()
+    container = runtime.conversation("forgotten").sandbox().container_id
+    runtime.state.forget_conversation("forgotten")
+    removed = {r.container_id for r in runtime_factory(state_dir=runtime.state_dir, sweep_on_start=True).gc()}
+    assert container in removed or runtime.backend.inspect(container) is None
+
+
+@pytest.mark.parametrize(
+    "bad_id", ["", "a" * 65, "../etc", "with space", "-leading-dash", "é", "a/b", "a\x00b", 42]
+)
+def test_a_bad_conversation_id_is_a_clear_error(runtime: Runtime, bad_id: object) -> None:
+    with pytest.raises(InvalidConversationId):
+        runtime.conversation(bad_id)  # type: ignore[arg-type]
+
+
+def test_a_conversation_id_of_64_characters_is_accepted(runtime: Runtime) -> None:
+    assert runtime.conversation("a" * 64).run_python("print(1)").status == "ok"
+
+
+def test_no_sandbox_starts_when_the_self_check_fails(
+    runtime_factory: RuntimeFactory, docker_backend: DockerBackend, executor_image: str, tmp_path: Path
+) -> None:
+    leaky = f"sandbox-runtime-test-leaky:{SESSION}"
+    (tmp_path / "Dockerfile").write_text(f"FROM {executor_image}\nENV HOST_SECRET=leaked\n")
+    docker_backend.build_image(str(tmp_path), leaky, {}, {TEST_LABEL: SESSION}, lambda _line: None)
+    try:
+        runtime = runtime_factory(load_policy("default"), image=leaky)
+        with pytest.raises(SelfCheckFailed, match="environment") as raised:
+            runtime.conversation("fail-closed").run_python("print(1)")
+        assert "HOST_SECRET" in str(raised.value)
+        assert _ours(docker_backend, "fail-closed") == []
+        with pytest.raises(SelfCheckFailed):
+            runtime.conversation("fail-closed-2").sandbox()
+    finally:
+        docker_backend._api.remove_image(leaky, force=True)  # noqa: SLF001  (test clean-up of its own image)
+
+
+def test_a_run_waits_for_the_one_before_it_in_the_same_conversation(runtime: Runtime) -> None:
+    import threading  # noqa: PLC0415
+
+    conversation = runtime.conversation("serial")
+    conversation.run_python("pass")
+    results: list[str] = []
+    threads = [
+        threading.Thread(target=lambda: results.append(conversation.run_python("import time; time.sleep(0.3); "
+                                                                              "print('done')").stdout))
+        for _ in range(3)
+    ]
+    started = time.monotonic()
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    assert results == ["done\n"] * 3
+    assert time.monotonic() - started >= 0.9  # serialised: the runner of one run never ends another's processes
