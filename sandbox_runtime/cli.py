@@ -14,8 +14,13 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from sandbox_runtime.errors import EngineUnavailable, ImageError, PolicyError, SandboxRuntimeError, SelfCheckFailed
-from sandbox_runtime.policy import load_policy
+from sandbox_runtime.errors import (
+    EngineUnavailable,
+    ImageError,
+    PolicyError,
+    SandboxRuntimeError,
+    SelfCheckFailed,
+)
 from sandbox_runtime.runtime import Runtime, default_state_dir
 
 __all__ = ["main"]
@@ -46,15 +51,25 @@ def cmd_doctor(args: argparse.Namespace) -> int:
             print(json.dumps(report.model_dump(mode="json") | {"ok": report.ok}, indent=2))
             return EXIT_OK if report.ok else EXIT_FAILED
         engine = report.engine
-        print(f"engine   Docker {engine.engine_version} (API {engine.api_version}), runc {engine.runc_version}, "
-              f"runtimes: {', '.join(engine.runtimes)}")
-        print(f"host     {engine.operating_system}, kernel {engine.kernel_version}, cgroup v{engine.cgroup_version} "
-              f"({engine.cgroup_driver})")
-        print(f"sandbox  runtime {report.runtime}, image {report.image}, disk quota mode: {report.quota_mode}"
-              + ("" if report.quota_mode == "loop" else " (not kernel-enforced: run as root for 'loop')"))
+        print(
+            f"engine   Docker {engine.engine_version} (API {engine.api_version}), runc {engine.runc_version}, "
+            f"runtimes: {', '.join(engine.runtimes)}"
+        )
+        print(
+            f"host     {engine.operating_system}, kernel {engine.kernel_version}, cgroup v{engine.cgroup_version} "
+            f"({engine.cgroup_driver})"
+        )
+        print(
+            f"sandbox  runtime {report.runtime}, image {report.image}, disk quota mode: {report.quota_mode}"
+            + ("" if report.quota_mode == "loop" else " (not kernel-enforced: run as root for 'loop')")
+        )
         print(f"policy   {runtime.policy.name} ({runtime.policy.digest()}), state {runtime.state_dir}\n")
-        print(_table([["ok" if c.ok else "FAIL", c.name, c.expected, c.actual] for c in report.checks],
-                     ["", "check", "expected", "seen inside the canary"]))
+        print(
+            _table(
+                [["ok" if c.ok else "FAIL", c.name, c.expected, c.actual] for c in report.checks],
+                ["", "check", "expected", "seen inside the canary"],
+            )
+        )
         if not report.ok:
             print("\n" + report.summary(), file=sys.stderr)
             return EXIT_FAILED
@@ -73,8 +88,9 @@ def cmd_image_build(args: argparse.Namespace) -> int:
     finally:
         backend.close()
     verb = "built" if report.built else "already present"
-    print(f"{report.tag} {verb} ({report.source}, base {report.base_image or '-'}) "
-          f"in {time.monotonic() - started:.1f} s")
+    print(
+        f"{report.tag} {verb} ({report.source}, base {report.base_image or '-'}) in {time.monotonic() - started:.1f} s"
+    )
     return EXIT_OK
 
 
@@ -103,24 +119,47 @@ def cmd_ls(args: argparse.Namespace) -> int:
         for record in runtime.state.conversations():
             usage = runtime.conversation(record.id).usage()
             sandbox = live.get(record.id)
-            rows.append({"conversation": record.id, "sandbox": sandbox.container_id[:12] if sandbox else None,
-                         "runs": record.runs, "used_bytes": usage.used_bytes, "limit_bytes": usage.limit_bytes,
-                         "quota_mode": usage.mode})
+            rows.append(
+                {
+                    "conversation": record.id,
+                    "sandbox": sandbox.container_id[:12] if sandbox else None,
+                    "runs": record.runs,
+                    "used_bytes": usage.used_bytes,
+                    "limit_bytes": usage.limit_bytes,
+                    "quota_mode": usage.mode,
+                }
+            )
         if args.json:
             print(json.dumps(rows, indent=2))
         elif not rows:
             print("no conversations")
         else:
-            print(_table([[str(r["conversation"]), str(r["sandbox"] or "-"), str(r["runs"]),
-                           f"{r['used_bytes']:,} / {r['limit_bytes']:,}", str(r["quota_mode"])] for r in rows],
-                         ["conversation", "sandbox", "runs", "disk used / quota (bytes)", "quota mode"]))
+            print(
+                _table(
+                    [
+                        [
+                            str(r["conversation"]),
+                            str(r["sandbox"] or "-"),
+                            str(r["runs"]),
+                            f"{r['used_bytes']:,} / {r['limit_bytes']:,}",
+                            str(r["quota_mode"]),
+                        ]
+                        for r in rows
+                    ],
+                    ["conversation", "sandbox", "runs", "disk used / quota (bytes)", "quota mode"],
+                )
+            )
     return EXIT_OK
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="sandbox-runtime", description=__doc__.splitlines()[0] if __doc__ else "")
-    parser.add_argument("--state-dir", type=Path, default=None,
-                        help=f"state directory (default: $SANDBOX_RUNTIME_STATE_DIR or {default_state_dir()})")
+    parser.add_argument(
+        "--state-dir",
+        type=Path,
+        default=None,
+        help=f"state directory (default: $SANDBOX_RUNTIME_STATE_DIR or {default_state_dir()})",
+    )
     parser.add_argument("--policy", default="default", help="default, strict, gvisor, or a TOML file path")
     parser.add_argument("-v", "--verbose", action="store_true", help="log what happens (to stderr)")
     sub = parser.add_subparsers(dest="command", required=True)

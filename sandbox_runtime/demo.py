@@ -33,7 +33,7 @@ book.save(target)
 print(f"wrote {len(rows) - 1} rows to {target}")
 '''
 
-_FAILING_SCRIPT = '''\
+_FAILING_SCRIPT = """\
 import csv, io
 
 def total(rows):
@@ -41,7 +41,7 @@ def total(rows):
 
 data = io.StringIO("id,price\\n1,9.50\\n2,3.25\\n")
 print(total(csv.DictReader(data)))
-'''
+"""
 
 
 def run_demo(runtime: Runtime, out: TextIO) -> int:
@@ -55,15 +55,20 @@ def run_demo(runtime: Runtime, out: TextIO) -> int:
     step("1. inline code (starts the conversation's sandbox)")
     started = time.monotonic()
     first = conversation.run_python("import platform, os; print(platform.python_version(), os.getuid())")
-    print(f"status={first.status} stdout={first.stdout.strip()!r} ({time.monotonic() - started:.2f} s, cold)",
-          file=out)
+    print(
+        f"status={first.status} stdout={first.stdout.strip()!r} ({time.monotonic() - started:.2f} s, cold)",
+        file=out,
+    )
     failures += first.status != "ok"
 
     step("2. the same sandbox again (warm)")
     started = time.monotonic()
     second = conversation.run_python("print(sum(range(10**6)))")
-    print(f"status={second.status} stdout={second.stdout.strip()!r} ({time.monotonic() - started:.2f} s, warm, "
-          f"sandbox {conversation.sandbox().container_id[:12]} reused)", file=out)
+    print(
+        f"status={second.status} stdout={second.stdout.strip()!r} ({time.monotonic() - started:.2f} s, warm, "
+        f"sandbox {conversation.sandbox().container_id[:12]} reused)",
+        file=out,
+    )
     failures += second.status != "ok"
 
     step("3. a script written once, run by path, building an .xlsx in the results folder")
@@ -75,8 +80,10 @@ def run_demo(runtime: Runtime, out: TextIO) -> int:
 
     step("4. a failing script: the model sees a short message, the full error is in a file")
     failed = conversation.run_python(_FAILING_SCRIPT)
-    print(f"status={failed.status} exit_code={failed.exit_code}\n--- message for the model ---\n{failed.message}",
-          file=out)
+    print(
+        f"status={failed.status} exit_code={failed.exit_code}\n--- message for the model ---\n{failed.message}",
+        file=out,
+    )
     failures += failed.status != "error" or "KeyError: 'amount'" not in failed.message
 
     step("5. the network is not there, the root filesystem is read-only")
@@ -88,9 +95,14 @@ def run_demo(runtime: Runtime, out: TextIO) -> int:
     failures += probe.status != "ok"
 
     usage = conversation.usage()
-    print(f"\nresults folder: {conversation.folders.results} ({usage.used_bytes:,} of {usage.limit_bytes:,} bytes "
-          f"used, quota mode {usage.mode})", file=out)
+    print(
+        f"\nresults folder: {conversation.folders.results} ({usage.used_bytes:,} of {usage.limit_bytes:,} bytes "
+        f"used, quota mode {usage.mode})",
+        file=out,
+    )
     conversation.close()
-    print("demo " + ("finished: every step behaved as expected" if not failures else f"had {failures} surprises"),
-          file=out)
+    print(
+        "demo " + ("finished: every step behaved as expected" if not failures else f"had {failures} surprises"),
+        file=out,
+    )
     return 0 if not failures else 1

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import tomllib
 from pathlib import Path
 from typing import Annotated, Literal
@@ -125,7 +126,7 @@ def policy_from_mapping(data: dict[str, object], source: str = "(mapping)") -> P
     return policy
 
 
-def load_policy(name_or_path: str | Path = "default") -> Policy:
+def load_policy(name_or_path: str | os.PathLike[str] = "default") -> Policy:
     """Load a built-in policy by name (``default``, ``strict``, ``gvisor``) or a TOML file by path."""
     text: str
     if isinstance(name_or_path, str) and name_or_path in BUILTIN_POLICY_NAMES:

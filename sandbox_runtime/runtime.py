@@ -68,8 +68,12 @@ class Conversation:
         timeout_s: float | None = None,
     ) -> RunPythonResult:
         """Run inline ``code`` or a ``script_path`` in the results folder; see :mod:`~.tools.run_python`."""
-        raw: dict[str, object] = {"code": code, "script_path": script_path, "args": list(args or []),
-                                  "timeout_s": timeout_s}
+        raw: dict[str, object] = {
+            "code": code,
+            "script_path": script_path,
+            "args": list(args or []),
+            "timeout_s": timeout_s,
+        }
         return run_python(self.runtime.manager, self.id, raw)
 
     def call_run_python(self, arguments: RunPythonArgs | dict[str, object]) -> RunPythonResult:
@@ -131,15 +135,15 @@ class Runtime:
             raise ImageError(f"the executor image {image} is not built: run `sandbox-runtime image build`")
         self.state = StateDB(self.state_dir / "state.sqlite3")
         self.store = ConversationStore(self.state_dir, self.policy)
-        self.manager = SandboxManager(backend, self.policy, self.store, self.state, image,
-                                      extra_labels=extra_labels)
+        self.manager = SandboxManager(backend, self.policy, self.store, self.state, image, extra_labels=extra_labels)
         self._stop = threading.Event()
         self._reaper: threading.Thread | None = None
         if sweep_on_start:
             self.manager.sweep_orphans()
         if reap_interval_s is not None:
-            self._reaper = threading.Thread(target=self._reap_loop, args=(reap_interval_s,),
-                                            name="sandbox-runtime-reaper", daemon=True)
+            self._reaper = threading.Thread(
+                target=self._reap_loop, args=(reap_interval_s,), name="sandbox-runtime-reaper", daemon=True
+            )
             self._reaper.start()
 
     def _reap_loop(self, interval_s: float) -> None:
@@ -172,6 +176,7 @@ class Runtime:
     def __enter__(self) -> Runtime:
         return self
 
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
         self.close()

@@ -116,9 +116,11 @@ class StateDB:
         db.execute("COMMIT")
 
     def next_run_number(self, conversation_id: str) -> int:
-        row = self._connect().execute(
-            "UPDATE conversations SET runs = runs + 1 WHERE id = ? RETURNING runs", (conversation_id,)
-        ).fetchone()
+        row = (
+            self._connect()
+            .execute("UPDATE conversations SET runs = runs + 1 WHERE id = ? RETURNING runs", (conversation_id,))
+            .fetchone()
+        )
         if row is None:
             raise KeyError(conversation_id)
         return int(row[0])
@@ -139,9 +141,9 @@ class StateDB:
         return None if row is None else SandboxRecord(**dict(row))
 
     def live_sandboxes(self) -> list[SandboxRecord]:
-        rows = self._connect().execute(
-            "SELECT * FROM sandboxes WHERE removed_at IS NULL ORDER BY created_at"
-        ).fetchall()
+        rows = (
+            self._connect().execute("SELECT * FROM sandboxes WHERE removed_at IS NULL ORDER BY created_at").fetchall()
+        )
         return [SandboxRecord(**dict(row)) for row in rows]
 
     def mark_removed(self, container_id: str, reason: str) -> None:

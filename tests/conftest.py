@@ -49,8 +49,11 @@ def docker_backend() -> Iterator[DockerBackend]:
 @pytest.fixture(scope="session")
 def executor_image(docker_backend: DockerBackend) -> str:
     """The executor image, built (offline when no registry answers) when it is missing."""
-    return build_executor_image(docker_backend).tag if not docker_backend.image_exists(
-        executor_image_tag()) else executor_image_tag()
+    return (
+        build_executor_image(docker_backend).tag
+        if not docker_backend.image_exists(executor_image_tag())
+        else executor_image_tag()
+    )
 
 
 @pytest.fixture
@@ -63,7 +66,9 @@ def runtime_factory(
     def make(policy: Policy | str = "default", state_dir: Path | None = None, **kwargs: object) -> Runtime:
         options: dict[str, object] = {"image": executor_image, "reap_interval_s": None, **kwargs}
         runtime = Runtime(
-            state_dir or tmp_path_factory.mktemp("state"), policy, extra_labels={TEST_LABEL: SESSION},
+            state_dir or tmp_path_factory.mktemp("state"),
+            policy,
+            extra_labels={TEST_LABEL: SESSION},
             **options,  # type: ignore[arg-type]
         )
         made.append(runtime)

@@ -36,8 +36,9 @@ def _is_gvisor(policy: Policy) -> bool:
     return policy.sandbox.runtime == "runsc"
 
 
-def _with_limits(policy: Policy, *, limits: dict[str, object] | None = None,
-                 run: dict[str, object] | None = None) -> Policy:
+def _with_limits(
+    policy: Policy, *, limits: dict[str, object] | None = None, run: dict[str, object] | None = None
+) -> Policy:
     """The given policy with some limits replaced (validated like a policy file)."""
     data = policy.model_dump(mode="json")
     data["sandbox"]["limits"].update(limits or {})
@@ -78,12 +79,15 @@ def _assert_next_run_ok(conversation: Conversation) -> None:
 @pytest.mark.docker
 def test_code_cannot_create_a_user_namespace(runtime_factory: RuntimeFactory, containment_policy: Policy) -> None:
     _, conversation = _conversation(runtime_factory, containment_policy, "userns")
-    seen = _ok_json(conversation, """
+    seen = _ok_json(
+        conversation,
+        """
         import ctypes, json
         libc = ctypes.CDLL(None, use_errno=True)
         rc = libc.unshare(0x10000000)  # CLONE_NEWUSER
         print(json.dumps({"rc": rc, "errno": ctypes.get_errno()}))
-    """)
+    """,
+    )
     assert seen["rc"] == -1, seen
     if _is_gvisor(containment_policy):
         assert seen["errno"] != 0, seen  # gVisor's own kernel decides the errno; refused is what matters
@@ -96,7 +100,9 @@ def test_code_is_refused_mount_keyctl_bpf_setns_and_ptrace_of_pid_1(
     runtime_factory: RuntimeFactory, containment_policy: Policy
 ) -> None:
     _, conversation = _conversation(runtime_factory, containment_policy, "syscalls")
-    seen = _ok_json(conversation, """
+    seen = _ok_json(
+        conversation,
+        """
         import ctypes, json, os
         libc = ctypes.CDLL(None, use_errno=True)
         L = ctypes.c_long
@@ -121,7 +127,8 @@ def test_code_is_refused_mount_keyctl_bpf_setns_and_ptrace_of_pid_1(
             "ptrace": call(101, L(16), L(1), L(0), L(0)),  # PTRACE_ATTACH to pid 1
         }
         print(json.dumps(out))
-    """)
+    """,
+    )
     assert set(seen) == {"mount", "keyctl", "bpf", "setns", "ptrace"}
     for name, outcome in seen.items():
         assert outcome["rc"] == -1, (name, outcome)
@@ -133,7 +140,9 @@ def test_code_runs_with_no_capabilities_no_new_privileges_and_seccomp(
     runtime_factory: RuntimeFactory, containment_policy: Policy
 ) -> None:
     _, conversation = _conversation(runtime_factory, containment_policy, "status")
-    seen = _ok_json(conversation, """
+    seen = _ok_json(
+        conversation,
+        """
         import json
         fields = {}
         with open("/proc/self/status") as handle:
@@ -141,7 +150,8 @@ def test_code_runs_with_no_capabilities_no_new_privileges_and_seccomp(
                 key, _, value = line.partition(":")
                 fields[key] = value.strip()
         print(json.dumps(fields))
-    """)
+    """,
+    )
     for cap in ("CapEff", "CapPrm", "CapAmb"):
         assert int(seen[cap], 16) == 0, (cap, seen[cap])
     assert seen["Uid"].split()[0] == str(containment_policy.sandbox.uid), seen["Uid"]
@@ -157,7 +167,9 @@ def test_code_cannot_write_the_root_filesystem_etc_or_proc_sys(
     runtime_factory: RuntimeFactory, containment_policy: Policy
 ) -> None:
     _, conversation = _conversation(runtime_factory, containment_policy, "rofs")
-    seen = _ok_json(conversation, """
+    seen = _ok_json(
+        conversation,
+        """
         import json, os
         def attempt(path, flags):
             try:
@@ -178,7 +190,8 @@ def test_code_cannot_write_the_root_filesystem_etc_or_proc_sys(
             "/etc/passwd": attempt("/etc/passwd", os.O_WRONLY | os.O_APPEND),
             "/proc/sys/kernel/hostname": attempt("/proc/sys/kernel/hostname", os.O_WRONLY | os.O_TRUNC),
         }))
-    """)
+    """,
+    )
     refused = {errno.EROFS, errno.EACCES, errno.EPERM}
     assert len(seen) == 4
     for path, err in seen.items():
@@ -193,7 +206,9 @@ def test_code_sees_only_the_allow_listed_environment_and_no_host_secret(
     secret_value = f"host-secret-{uuid.uuid4().hex}"
     monkeypatch.setenv(secret_name, secret_value)
     _, conversation = _conversation(runtime_factory, containment_policy, "env")
-    seen = _ok_json(conversation, """
+    seen = _ok_json(
+        conversation,
+        """
         import json, os
         environs = {}
         for pid in [name for name in os.listdir("/proc") if name.isdigit()]:
@@ -203,7 +218,8 @@ def test_code_sees_only_the_allow_listed_environment_and_no_host_secret(
             except OSError as exc:
                 environs[pid] = exc.errno
         print(json.dumps({"env": dict(os.environ), "environs": environs}))
-    """)
+    """,
+    )
     # Docker itself adds HOSTNAME (the container's fixed hostname, "sandbox", not the host's) to every exec
     env = dict(seen["env"])
     assert env.pop("HOSTNAME", "sandbox") == "sandbox", seen["env"]
@@ -223,11 +239,14 @@ def test_code_sees_only_the_allow_listed_environment_and_no_host_secret(
 @pytest.mark.docker
 def test_code_sees_only_the_loopback_interface(runtime_factory: RuntimeFactory, containment_policy: Policy) -> None:
     _, conversation = _conversation(runtime_factory, containment_policy, "netif")
-    seen = _ok_json(conversation, """
+    seen = _ok_json(
+        conversation,
+        """
         import json, os, socket
         print(json.dumps({"sys": sorted(os.listdir("/sys/class/net")),
                           "if_nameindex": sorted(name for _, name in socket.if_nameindex())}))
-    """)
+    """,
+    )
     assert seen["sys"] == ["lo"], seen
     assert seen["if_nameindex"] == ["lo"], seen
 
@@ -249,7 +268,9 @@ def test_code_cannot_connect_to_a_listener_on_the_host_loopback(
 ) -> None:
     port = host_listener.getsockname()[1]
     _, conversation = _conversation(runtime_factory, containment_policy, "hostlo")
-    seen = _ok_json(conversation, """
+    seen = _ok_json(
+        conversation,
+        """
         import json, socket, sys
         port = int(sys.argv[1])
         outcomes = {}
@@ -263,7 +284,10 @@ def test_code_cannot_connect_to_a_listener_on_the_host_loopback(
             except OSError as exc:
                 outcomes[address] = exc.errno if exc.errno is not None else repr(exc)
         print(json.dumps(outcomes))
-    """, args=[str(port)], timeout_s=30)
+    """,
+        args=[str(port)],
+        timeout_s=30,
+    )
     assert seen["127.0.0.1"] != "connected", seen
     assert seen["::1"] != "connected", seen
     with pytest.raises(BlockingIOError):
@@ -277,7 +301,9 @@ def test_fork_bomb_meets_the_pids_limit_and_the_next_run_works(
 ) -> None:
     pids_max = containment_policy.sandbox.limits.pids_max
     _, conversation = _conversation(runtime_factory, containment_policy, "forkbomb")
-    result = _run(conversation, """
+    result = _run(
+        conversation,
+        """
         import errno, json, os, sys, time
         bound = int(sys.argv[1])
         forked, error = 0, None
@@ -292,7 +318,10 @@ def test_fork_bomb_meets_the_pids_limit_and_the_next_run_works(
                 os._exit(0)
             forked += 1
         print(json.dumps({"forked": forked, "error": error}), flush=True)
-    """, args=[str(pids_max * 4)], timeout_s=60)
+    """,
+        args=[str(pids_max * 4)],
+        timeout_s=60,
+    )
     assert result.status in {"ok", "error", "timeout", "memory_limit"}, result
     if result.stdout.strip():
         seen = _observed(result)
@@ -309,12 +338,16 @@ def test_allocating_10_gb_ends_the_run_with_memory_limit(
     runtime_factory: RuntimeFactory, containment_policy: Policy
 ) -> None:
     _, conversation = _conversation(runtime_factory, containment_policy, "oom")
-    result = _run(conversation, """
+    result = _run(
+        conversation,
+        """
         chunks = []
         for _ in range(10 * 1024 // 64):  # 10 GB in 64 MiB pieces, every page written
             chunks.append(b"\\x01" * (64 * 1024 * 1024))
         print("allocated", len(chunks))
-    """, timeout_s=60)
+    """,
+        timeout_s=60,
+    )
     assert result.status == "memory_limit", (result.status, result.exit_code, result.stderr[-2000:])
     assert "allocated" not in result.stdout
     _assert_next_run_ok(conversation)
@@ -325,12 +358,16 @@ def test_a_child_killed_for_memory_is_reported_even_when_the_parent_exits_0(
     runtime_factory: RuntimeFactory, containment_policy: Policy
 ) -> None:
     _, conversation = _conversation(runtime_factory, containment_policy, "childoom")
-    result = _run(conversation, """
+    result = _run(
+        conversation,
+        """
         import json, subprocess, sys
         hog = "chunks = [b'\\\\x01' * (64 * 1024 * 1024) for _ in range(10 * 1024 // 64)]"
         child = subprocess.run([sys.executable, "-c", hog], check=False)
         print(json.dumps({"child_returncode": child.returncode}))
-    """, timeout_s=60)
+    """,
+        timeout_s=60,
+    )
     seen = _observed(result)
     assert seen["child_returncode"] == -9, seen  # SIGKILL from the OOM killer
     assert result.exit_code == 0, result
@@ -343,7 +380,9 @@ def test_filling_tmp_fails_with_enospc_at_the_tmpfs_size(
 ) -> None:
     tmpfs_bytes = containment_policy.sandbox.limits.tmpfs_bytes
     _, conversation = _conversation(runtime_factory, containment_policy, "tmpfull")
-    seen = _ok_json(conversation, """
+    seen = _ok_json(
+        conversation,
+        """
         import json, os, sys
         bound = int(sys.argv[1])
         written, err = 0, None
@@ -357,7 +396,10 @@ def test_filling_tmp_fails_with_enospc_at_the_tmpfs_size(
                     break
         os.remove("/tmp/fill")
         print(json.dumps({"errno": err, "written": written}))
-    """, args=[str(4 * tmpfs_bytes)], timeout_s=60)
+    """,
+        args=[str(4 * tmpfs_bytes)],
+        timeout_s=60,
+    )
     assert seen["errno"] == errno.ENOSPC, seen
     assert 0 < seen["written"] <= tmpfs_bytes, seen
 
@@ -367,10 +409,14 @@ def test_printing_forever_ends_with_output_limit_and_capped_stdout(
     runtime_factory: RuntimeFactory, containment_policy: Policy
 ) -> None:
     _, conversation = _conversation(runtime_factory, containment_policy, "flood")
-    result = _run(conversation, """
+    result = _run(
+        conversation,
+        """
         while True:
             print("flood " * 20)
-    """, timeout_s=60)
+    """,
+        timeout_s=60,
+    )
     cap = containment_policy.run.stdout_max_bytes
     assert result.status == "output_limit", (result.status, result.exit_code, result.stderr[-2000:])
     assert 0 < len(result.stdout.encode()) <= cap
@@ -384,13 +430,17 @@ def test_a_busy_loop_ignoring_sigterm_is_killed_at_the_timeout(
 ) -> None:
     _, conversation = _conversation(runtime_factory, containment_policy, "busy")
     timeout_s = 2.0
-    result = _run(conversation, """
+    result = _run(
+        conversation,
+        """
         import signal
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         print("spinning", flush=True)
         while True:
             pass
-    """, timeout_s=timeout_s)
+    """,
+        timeout_s=timeout_s,
+    )
     assert result.status == "timeout", (result.status, result.exit_code, result.stderr[-2000:])
     assert result.stdout == "spinning\n"
     assert timeout_s <= result.duration_s < timeout_s + containment_policy.run.kill_grace_s + 5, result.duration_s
@@ -401,10 +451,14 @@ def test_a_busy_loop_ignoring_sigterm_is_killed_at_the_timeout(
 def test_sleeping_forever_is_killed_at_the_timeout(runtime_factory: RuntimeFactory, containment_policy: Policy) -> None:
     _, conversation = _conversation(runtime_factory, containment_policy, "sleeper")
     timeout_s = 1.0
-    result = _run(conversation, """
+    result = _run(
+        conversation,
+        """
         import time
         time.sleep(10**6)
-    """, timeout_s=timeout_s)
+    """,
+        timeout_s=timeout_s,
+    )
     assert result.status == "timeout", (result.status, result.exit_code, result.stderr[-2000:])
     assert timeout_s <= result.duration_s < timeout_s + containment_policy.run.kill_grace_s + 5, result.duration_s
 
@@ -412,7 +466,9 @@ def test_sleeping_forever_is_killed_at_the_timeout(runtime_factory: RuntimeFacto
 @pytest.mark.docker
 def test_opening_10000_files_fails_with_emfile(runtime_factory: RuntimeFactory, containment_policy: Policy) -> None:
     _, conversation = _conversation(runtime_factory, containment_policy, "fds")
-    seen = _ok_json(conversation, """
+    seen = _ok_json(
+        conversation,
+        """
         import json, os, resource
         fds, err = [], None
         for _ in range(10_000):
@@ -425,7 +481,9 @@ def test_opening_10000_files_fails_with_emfile(runtime_factory: RuntimeFactory, 
             os.close(fd)
         print(json.dumps({"errno": err, "opened": len(fds),
                           "limit": list(resource.getrlimit(resource.RLIMIT_NOFILE))}))
-    """, timeout_s=60)
+    """,
+        timeout_s=60,
+    )
     limit = containment_policy.sandbox.limits.open_files_max
     assert seen["errno"] == errno.EMFILE, seen
     assert seen["limit"] == [limit, limit], seen
@@ -453,7 +511,9 @@ def test_a_double_forked_daemon_is_gone_when_the_run_ends(
 ) -> None:
     marker = f"daemon-marker-{uuid.uuid4().hex}"
     _, conversation = _conversation(runtime_factory, containment_policy, "daemon")
-    started = _ok_json(conversation, """
+    started = _ok_json(
+        conversation,
+        """
         import json, os, sys, time
         marker = sys.argv[1]
         def daemons():
@@ -477,13 +537,18 @@ def test_a_double_forked_daemon_is_gone_when_the_run_ends(
         while not daemons() and time.monotonic() < deadline:
             time.sleep(0.05)
         print(json.dumps({"daemons": daemons()}))
-    """, args=[marker], timeout_s=30)
+    """,
+        args=[marker],
+        timeout_s=30,
+    )
     assert started["daemons"], "the daemon never started, so the test would prove nothing"
     if not _is_gvisor(containment_policy):
         # under runc the sandbox's processes are host processes: the daemon must already be gone, before the
         # next run's own clean-up could hide a miss (under gVisor they live inside the sentry, out of sight)
         assert _host_processes_with(marker) == []
-    listing = _ok_json(conversation, """
+    listing = _ok_json(
+        conversation,
+        """
         import json, os
         processes = []
         for name in os.listdir("/proc"):
@@ -499,7 +564,9 @@ def test_a_double_forked_daemon_is_gone_when_the_run_ends(
             processes.append({"pid": int(name), "uid": int(fields["Uid"].split()[0]),
                               "state": fields["State"].split()[0], "cmdline": cmdline})
         print(json.dumps({"me": os.getpid(), "processes": processes}))
-    """, timeout_s=30)
+    """,
+        timeout_s=30,
+    )
     code_uid = containment_policy.sandbox.uid
     alive = [p for p in listing["processes"] if p["state"] not in {"Z", "X"}]
     assert not [p for p in alive if marker in p["cmdline"]], alive
@@ -515,26 +582,36 @@ def test_a_double_forked_daemon_is_gone_when_the_run_ends(
 @pytest.mark.docker
 def test_abort_leaves_no_core_file(runtime_factory: RuntimeFactory, containment_policy: Policy) -> None:
     _, conversation = _conversation(runtime_factory, containment_policy, "abort")
-    seen = _ok_json(conversation, """
+    seen = _ok_json(
+        conversation,
+        """
         import json, resource
         print(json.dumps({"core": list(resource.getrlimit(resource.RLIMIT_CORE))}))
-    """)
+    """,
+    )
     assert seen["core"] == [0, 0], seen
-    result = _run(conversation, """
+    result = _run(
+        conversation,
+        """
         import os
         print("aborting", flush=True)
         os.abort()
-    """, timeout_s=30)
+    """,
+        timeout_s=30,
+    )
     assert result.status == "error", (result.status, result.exit_code, result.stderr[-2000:])
     assert result.exit_code == SIGABRT_EXIT or "SIGABRT" in result.message or "abort" in result.message.lower()
-    listing = _ok_json(conversation, """
+    listing = _ok_json(
+        conversation,
+        """
         import json, os
         names = []
         for top in (os.getcwd(), os.environ["SANDBOX_RESULTS"], "/tmp"):
             for folder, _, files in os.walk(top):
                 names += [os.path.join(folder, name) for name in files]
         print(json.dumps({"files": names}))
-    """)
+    """,
+    )
     assert not [name for name in listing["files"] if os.path.basename(name).startswith("core")], listing
     results = conversation.folders.results
     on_host = [path for path in results.rglob("*") if path.name.startswith("core")]
@@ -549,16 +626,22 @@ def test_two_conversations_cannot_see_each_others_results(
     suffix = uuid.uuid4().hex[:8]
     first, second = runtime.conversation(f"alice-{suffix}"), runtime.conversation(f"bob-{suffix}")
     marker = f"private-{uuid.uuid4().hex}"
-    written = _ok_json(first, """
+    written = _ok_json(
+        first,
+        """
         import json, os, sys
         path = os.path.join(os.environ["SANDBOX_RESULTS"], sys.argv[1] + ".txt")
         with open(path, "w") as handle:
             handle.write(sys.argv[1])
         print(json.dumps({"path": path}))
-    """, args=[marker])
+    """,
+        args=[marker],
+    )
     host_file = first.folders.results / f"{marker}.txt"
     assert host_file.read_text() == marker
-    seen = _ok_json(second, """
+    seen = _ok_json(
+        second,
+        """
         import json, os, sys
         found = []
         for top in (os.environ["SANDBOX_RESULTS"], "/tmp", "/mnt"):
@@ -566,7 +649,9 @@ def test_two_conversations_cannot_see_each_others_results(
                 found += [os.path.join(folder, name) for name in dirs + files]
         print(json.dumps({"found": found, "same_path_exists": os.path.exists(sys.argv[2]),
                           "host_path_exists": os.path.exists(sys.argv[3])}))
-    """, args=[marker, written["path"], str(host_file)])
+    """,
+        args=[marker, written["path"], str(host_file)],
+    )
     assert not [name for name in seen["found"] if marker in name], seen["found"]
     assert seen["same_path_exists"] is False
     assert seen["host_path_exists"] is False

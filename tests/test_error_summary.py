@@ -97,9 +97,7 @@ def test_each_corpus_script_fails_the_way_its_header_says(name: str, runs: dict[
 
 
 @by_case
-def test_the_summary_quotes_the_exception_line_and_the_error_file_path(
-    name: str, runs: dict[str, Run]
-) -> None:
+def test_the_summary_quotes_the_exception_line_and_the_error_file_path(name: str, runs: dict[str, Run]) -> None:
     run, case = runs[name], CASE_BY_NAME[name]
     summary = run.summarize()
     for text in case.expect:
@@ -115,9 +113,7 @@ def test_the_summary_quotes_the_exception_line_and_the_error_file_path(
 
 
 @by_case
-def test_the_summary_points_at_the_innermost_frame_of_the_users_own_files(
-    name: str, runs: dict[str, Run]
-) -> None:
+def test_the_summary_points_at_the_innermost_frame_of_the_users_own_files(name: str, runs: dict[str, Run]) -> None:
     run, case = runs[name], CASE_BY_NAME[name]
     summary = run.summarize()
     frame = summary.user_frame
@@ -136,9 +132,7 @@ def test_the_summary_points_at_the_innermost_frame_of_the_users_own_files(
 
 
 @by_case
-def test_a_300_character_budget_keeps_the_exception_head_and_the_error_file(
-    name: str, runs: dict[str, Run]
-) -> None:
+def test_a_300_character_budget_keeps_the_exception_head_and_the_error_file(name: str, runs: dict[str, Run]) -> None:
     summary = runs[name].summarize(max_chars=300)
     assert len(summary.message) <= 300
     assert ERROR_FILE in summary.message
@@ -176,10 +170,7 @@ def megabyte_failure(tmp_path_factory: pytest.TempPathFactory) -> Run:
     run_dir = tmp_path_factory.mktemp("huge").resolve()
     script = run_dir / "huge_message.py"
     script.write_text(
-        "def check(rows):\n"
-        '    raise ValueError("bad rows: " + "0123456789" * 100_000 + " END")\n'
-        "\n"
-        "check([])\n",
+        'def check(rows):\n    raise ValueError("bad rows: " + "0123456789" * 100_000 + " END")\n\ncheck([])\n',
         encoding="utf-8",
     )
     code, err = _run_script(script, run_dir)
@@ -211,9 +202,7 @@ def test_the_user_frame_survives_a_huge_exception_line_at_the_default_budget(meg
 
 
 def test_a_shell_style_exit_code_137_with_no_output_reads_as_killed_by_sigkill() -> None:
-    summary = summarize_failure(
-        "", exit_code=137, user_path_prefixes=["/mnt/results"], error_file_path=ERROR_FILE
-    )
+    summary = summarize_failure("", exit_code=137, user_path_prefixes=["/mnt/results"], error_file_path=ERROR_FILE)
     assert summary.exception_line.startswith("Killed by signal 9 (SIGKILL)")
     assert "signal 9 (SIGKILL)" in summary.message
     assert summary.signal_number == 9

@@ -92,9 +92,7 @@ def test_a_container_of_an_unknown_conversation_is_an_orphan(runtime_factory: Ru
     assert container in removed or runtime.backend.inspect(container) is None
 
 
-@pytest.mark.parametrize(
-    "bad_id", ["", "a" * 65, "../etc", "with space", "-leading-dash", "é", "a/b", "a\x00b", 42]
-)
+@pytest.mark.parametrize("bad_id", ["", "a" * 65, "../etc", "with space", "-leading-dash", "é", "a/b", "a\x00b", 42])
 def test_a_bad_conversation_id_is_a_clear_error(runtime: Runtime, bad_id: object) -> None:
     with pytest.raises(InvalidConversationId):
         runtime.conversation(bad_id)  # type: ignore[arg-type]
@@ -119,7 +117,7 @@ def test_no_sandbox_starts_when_the_self_check_fails(
         with pytest.raises(SelfCheckFailed):
             runtime.conversation("fail-closed-2").sandbox()
     finally:
-        docker_backend._api.remove_image(leaky, force=True)  # noqa: SLF001  (test clean-up of its own image)
+        docker_backend._api.remove_image(leaky, force=True)
 
 
 def test_a_run_waits_for_the_one_before_it_in_the_same_conversation(runtime: Runtime) -> None:
@@ -129,8 +127,9 @@ def test_a_run_waits_for_the_one_before_it_in_the_same_conversation(runtime: Run
     conversation.run_python("pass")
     results: list[str] = []
     threads = [
-        threading.Thread(target=lambda: results.append(conversation.run_python("import time; time.sleep(0.3); "
-                                                                              "print('done')").stdout))
+        threading.Thread(
+            target=lambda: results.append(conversation.run_python("import time; time.sleep(0.3); print('done')").stdout)
+        )
         for _ in range(3)
     ]
     started = time.monotonic()

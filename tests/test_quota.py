@@ -54,14 +54,17 @@ def test_filling_the_results_folder_stops_at_the_quota_with_not_one_byte_beyond(
 
 
 @needs_root
-def test_a_script_that_dies_on_a_full_folder_is_reported_as_quota_exceeded(runtime_factory: RuntimeFactory) -> None:
+def test_a_script_that_dies_on_a_full_folder_is_reported_as_quota_exceeded(
+    runtime_factory: RuntimeFactory,
+) -> None:
     runtime = runtime_factory(policy_from_mapping({"store": {"quota_bytes": QUOTA_BYTES, "quota_mode": "loop"}}))
     conversation = runtime.conversation("quota-exceeded")
     result = conversation.run_python("open('/mnt/results/big.bin', 'wb').write(b'x' * (64 * 1024 * 1024))")
     assert result.status == "quota_exceeded"
     assert result.is_error
     assert result.limit_bytes == QUOTA_BYTES
-    assert result.used_bytes is not None and 0 < result.used_bytes <= QUOTA_BYTES
+    assert result.used_bytes is not None
+    assert 0 < result.used_bytes <= QUOTA_BYTES
     assert f"{QUOTA_BYTES:,}" in result.message
     after = conversation.run_python("import os; os.remove('/mnt/results/big.bin'); print('freed')")
     assert after.stdout == "freed\n"
@@ -81,7 +84,9 @@ def test_a_sparse_terabyte_file_is_refused_by_the_filesystem(runtime_factory: Ru
 
 
 @needs_root
-def test_the_quota_filesystem_is_mounted_again_after_a_runtime_restart(runtime_factory: RuntimeFactory) -> None:
+def test_the_quota_filesystem_is_mounted_again_after_a_runtime_restart(
+    runtime_factory: RuntimeFactory,
+) -> None:
     policy = policy_from_mapping({"store": {"quota_bytes": QUOTA_BYTES, "quota_mode": "loop"}})
     first = runtime_factory(policy)
     conversation = first.conversation("remount")
@@ -98,16 +103,15 @@ def test_the_quota_filesystem_is_mounted_again_after_a_runtime_restart(runtime_f
 def test_measured_mode_reports_a_folder_over_the_quota_and_refuses_the_next_run(
     runtime_factory: RuntimeFactory,
 ) -> None:
-    runtime = runtime_factory(
-        policy_from_mapping({"store": {"quota_bytes": 1024 * 1024, "quota_mode": "measured"}})
-    )
+    runtime = runtime_factory(policy_from_mapping({"store": {"quota_bytes": 1024 * 1024, "quota_mode": "measured"}}))
     conversation = runtime.conversation("measured")
     over = conversation.run_python("open('/mnt/results/big.bin', 'wb').write(b'x' * (2 * 1024 * 1024))")
     assert over.status == "quota_exceeded"
     refused = conversation.run_python("print('never runs')")
     assert refused.status == "quota_exceeded"
     assert refused.stdout == ""
-    assert refused.used_bytes is not None and refused.used_bytes > refused.limit_bytes == 1024 * 1024
+    assert refused.used_bytes is not None
+    assert refused.used_bytes > refused.limit_bytes == 1024 * 1024
 
 
 def test_a_policy_that_demands_loop_quotas_fails_clearly_where_they_are_impossible(

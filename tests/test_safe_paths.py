@@ -316,9 +316,7 @@ def test_create_file_refuses_special_mode_bits_and_missing_parents_when_asked(ro
         root.create_file("missing/out.csv", b"x", make_parents=False)
 
 
-def test_ensure_dir_creates_nested_folders_and_refuses_a_file_in_the_way(
-    root: ResultsRoot, results: Path
-) -> None:
+def test_ensure_dir_creates_nested_folders_and_refuses_a_file_in_the_way(root: ResultsRoot, results: Path) -> None:
     root.ensure_dir("a/b/c")
     root.ensure_dir("a/b/c")
     assert (results / "a" / "b" / "c").is_dir()
@@ -393,9 +391,7 @@ def test_a_hard_link_to_a_file_outside_is_refused(root: ResultsRoot, results: Pa
 
 
 # ------------------------------------------------------------------------------------------- caps
-def test_a_file_of_exactly_the_cap_is_read_and_one_byte_more_is_too_large(
-    root: ResultsRoot, results: Path
-) -> None:
+def test_a_file_of_exactly_the_cap_is_read_and_one_byte_more_is_too_large(root: ResultsRoot, results: Path) -> None:
     cap = 1_048_576
     (results / "args.json").write_bytes(b"x" * cap)
     (results / "big.json").write_bytes(b"x" * (cap + 1))
@@ -431,9 +427,7 @@ def test_a_missing_file_or_parent_is_path_not_found(root: ResultsRoot) -> None:
 
 
 # ----------------------------------------------------------------------------------- walks and usage
-def test_a_sparse_1_tb_file_counts_only_its_blocks_and_is_too_large_to_read(
-    root: ResultsRoot, results: Path
-) -> None:
+def test_a_sparse_1_tb_file_counts_only_its_blocks_and_is_too_large_to_read(root: ResultsRoot, results: Path) -> None:
     with open(results / "sparse.bin", "wb") as handle:
         os.truncate(handle.fileno(), TIB)
     usage = root.measure_usage()
@@ -453,9 +447,7 @@ def test_hard_linked_inodes_are_counted_once(root: ResultsRoot, results: Path) -
     assert usage.bytes_used == alone
 
 
-def test_measure_usage_never_follows_a_symlink_to_a_big_folder(
-    root: ResultsRoot, results: Path, outside: Path
-) -> None:
+def test_measure_usage_never_follows_a_symlink_to_a_big_folder(root: ResultsRoot, results: Path, outside: Path) -> None:
     (outside / "big.bin").write_bytes(b"x" * (1 << 20))
     os.symlink(outside, results / "link")
     usage = root.measure_usage()
@@ -575,9 +567,7 @@ def test_list_dir_reports_kinds_and_sizes_without_following_anything(
         root.list_dir("data.csv", max_entries=10)
 
 
-def test_no_descriptor_is_leaked_when_operations_fail(
-    root: ResultsRoot, results: Path, outside: Path
-) -> None:
+def test_no_descriptor_is_leaked_when_operations_fail(root: ResultsRoot, results: Path, outside: Path) -> None:
     os.symlink(outside, results / "spill")
     (results / "big").write_bytes(b"x" * 100)
     os.mkfifo(results / "pipe")

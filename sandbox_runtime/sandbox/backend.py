@@ -128,7 +128,11 @@ class SandboxBackend(abc.ABC):
 
     @abc.abstractmethod
     def build_image(
-        self, context_dir: str, tag: str, build_args: dict[str, str], labels: dict[str, str],
+        self,
+        context_dir: str,
+        tag: str,
+        build_args: dict[str, str],
+        labels: dict[str, str],
         progress: ProgressCallback,
     ) -> None:
         """Build an image from a folder with a Dockerfile, with no network during the build."""

@@ -14,12 +14,13 @@ import struct
 import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import docker
 import docker.errors
 import requests.exceptions
-from docker.types import Ulimit
+from docker.types import LogConfig, Ulimit
+from docker.utils import kwargs_from_env
 
 from sandbox_runtime.errors import EngineUnavailable, ImageError, SandboxError
 from sandbox_runtime.sandbox.backend import (
@@ -72,8 +73,12 @@ def _container_info(attrs: Mapping[str, Any], warnings: tuple[str, ...] = ()) ->
         exit_code = state.get("ExitCode")
         labels = config.get("Labels") or {}
     return ContainerInfo(
-        id=str(attrs["Id"]), labels=dict(labels), running=running, status=status,
-        exit_code=exit_code, warnings=warnings,
+        id=str(attrs["Id"]),
+        labels=dict(labels),
+        running=running,
+        status=status,
+        exit_code=exit_code,
+        warnings=warnings,
     )
 
 
@@ -83,7 +88,7 @@ class DockerBackend(SandboxBackend):
     def __init__(self, environment: Mapping[str, str] | None = None, timeout_s: float = 60.0) -> None:
         env = dict(os.environ if environment is None else environment)
         with _mapped("connect", EngineUnavailable):
-            self._client = docker.DockerClient(**docker.utils.kwargs_from_env(environment=env), timeout=timeout_s)
+            self._client = docker.DockerClient(**kwargs_from_env(environment=env), timeout=int(timeout_s))
         self._api = self._client.api
         self._cgroup_hint: str | None = None
 
@@ -113,19 +118,30 @@ class DockerBackend(SandboxBackend):
     def image_exists(self, reference: str) -> bool:
         with _mapped("inspect image", ImageError):
             try:
-                self._api.inspect_image(reference)
+                self._api.inspect_image(reference)  # type: ignore[no-untyped-call]
             except docker.errors.ImageNotFound:
                 return False
         return True
 
     def build_image(
-        self, context_dir: str, tag: str, build_args: dict[str, str], labels: dict[str, str],
+        self,
+        context_dir: str,
+        tag: str,
+        build_args: dict[str, str],
+        labels: dict[str, str],
         progress: ProgressCallback,
     ) -> None:
         with _mapped(f"build image {tag}", ImageError):
             stream = self._api.build(
-                path=context_dir, tag=tag, buildargs=build_args, labels=labels, network_mode="none",
-                rm=True, forcerm=True, pull=False, decode=True,
+                path=context_dir,
+                tag=tag,
+                buildargs=build_args,
+                labels=labels,
+                network_mode="none",
+                rm=True,
+                forcerm=True,
+                pull=False,
+                decode=True,
             )
             for chunk in stream:
                 if "error" in chunk:
@@ -154,10 +170,7 @@ class DockerBackend(SandboxBackend):
     # containers -----------------------------------------------------------------------------------------
     def create_and_start(self, spec: ContainerSpec) -> ContainerInfo:
         host_config = self._api.create_host_config(
-            binds={
-                m.host_path: {"bind": m.container_path, "mode": "ro" if m.read_only else "rw"}
-                for m in spec.mounts
-            },
+            binds={m.host_path: {"bind": m.container_path, "mode": "ro" if m.read_only else "rw"} for m in spec.mounts},
             tmpfs=dict(spec.tmpfs),
             read_only=spec.read_only_root,
             cap_drop=list(spec.cap_drop),
@@ -171,14 +184,22 @@ class DockerBackend(SandboxBackend):
             init=spec.init,
             runtime=spec.runtime,
             privileged=False,
-            log_config={"Type": "none", "Config": {}},
+            log_config=LogConfig(type="none"),
             ipc_mode="private",
         )
         with _mapped("create sandbox container"):
             created = self._api.create_container(
-                image=spec.image, command=list(spec.command), user=spec.user, labels=dict(spec.labels),
-                environment=dict(spec.environment), working_dir=spec.working_dir, host_config=host_config,
-                network_disabled=False, hostname="sandbox", stdin_open=False, tty=False,
+                image=spec.image,
+                command=list(spec.command),
+                user=spec.user,
+                labels=dict(spec.labels),
+                environment=dict(spec.environment),
+                working_dir=spec.working_dir,
+                host_config=host_config,
+                network_disabled=False,
+                hostname="sandbox",
+                stdin_open=False,
+                tty=False,
             )
         container_id = str(created["Id"])
         warnings = tuple(str(w) for w in created.get("Warnings") or ())
@@ -227,8 +248,15 @@ class DockerBackend(SandboxBackend):
         started = time.monotonic()
         with _mapped("start a command in the sandbox"):
             exec_id = self._api.exec_create(
-                container_id, list(request.command), stdout=True, stderr=True, stdin=False, tty=False,
-                privileged=False, user=request.user, environment=dict(request.environment),
+                container_id,
+                list(request.command),
+                stdout=True,
+                stderr=True,
+                stdin=False,
+                tty=False,
+                privileged=False,
+                user=request.user,
+                environment=dict(request.environment),
                 workdir=request.working_dir,
             )["Id"]
             raw = self._api.exec_start(exec_id, detach=False, tty=False, socket=True)
@@ -245,8 +273,13 @@ class DockerBackend(SandboxBackend):
         if over_cap is None and not deadline_hit:
             exit_code = self._exit_code(exec_id)
         return ExecResult(
-            exit_code=exit_code, stdout=bytes(out), stderr=bytes(err), stdout_bytes_total=totals[0],
-            stderr_bytes_total=totals[1], over_cap=over_cap, deadline_hit=deadline_hit,
+            exit_code=exit_code,
+            stdout=bytes(out),
+            stderr=bytes(err),
+            stdout_bytes_total=totals[0],
+            stderr_bytes_total=totals[1],
+            over_cap=over_cap,
+            deadline_hit=deadline_hit,
             duration_s=time.monotonic() - started,
         )
 
@@ -297,7 +330,8 @@ class DockerBackend(SandboxBackend):
             "security_opt": ",".join(host_config.get("SecurityOpt") or []),
             "memory_limit_bytes": self._cgroup_file(container_id, "memory", "memory.limit_in_bytes", "memory.max"),
             "memory_swap_limit_bytes": self._cgroup_file(
-                container_id, "memory", "memory.memsw.limit_in_bytes", "memory.swap.max"),
+                container_id, "memory", "memory.memsw.limit_in_bytes", "memory.swap.max"
+            ),
             "pids_limit": self._cgroup_file(container_id, "pids", "pids.max", "pids.max"),
         }
 
@@ -307,7 +341,7 @@ class DockerBackend(SandboxBackend):
 
 def _read_frames(
     sock: Any, deadline: float, stdout_cap: int, stderr_cap: int
-) -> tuple[bytearray, bytearray, list[int], str | None, bool]:
+) -> tuple[bytearray, bytearray, list[int], Literal["stdout", "stderr"] | None, bool]:
     """Demultiplex Docker's attach stream until EOF, a cap, or the deadline."""
     buffers = {_STDOUT: bytearray(), _STDERR: bytearray()}
     caps = {_STDOUT: stdout_cap, _STDERR: stderr_cap}
@@ -337,5 +371,5 @@ def _read_frames(
             room = caps[kind] - len(buffers[kind])
             buffers[kind] += payload[: max(room, 0)]
             if totals[kind] > caps[kind]:
-                name = "stdout" if kind == _STDOUT else "stderr"
+                name: Literal["stdout", "stderr"] = "stdout" if kind == _STDOUT else "stderr"
                 return buffers[_STDOUT], buffers[_STDERR], [totals[_STDOUT], totals[_STDERR]], name, False

@@ -86,9 +86,7 @@ def default_cache_dir(environment: Mapping[str, str] | None = None) -> Path:
 def _run(command: list[str], progress: ProgressCallback, what: str) -> None:
     progress(f"{what}: {' '.join(command[:3])} …")
     try:
-        completed = subprocess.run(
-            command, capture_output=True, text=True, timeout=_SUBPROCESS_TIMEOUT_S, check=False
-        )
+        completed = subprocess.run(command, capture_output=True, text=True, timeout=_SUBPROCESS_TIMEOUT_S, check=False)
     except FileNotFoundError as exc:
         raise ImageError(f"{what}: {command[0]} is not installed ({exc})") from exc
     except subprocess.TimeoutExpired as exc:
@@ -107,8 +105,23 @@ def _wheelhouse(cache_dir: Path, progress: ProgressCallback) -> Path:
         return target
     shutil.rmtree(target, ignore_errors=True)
     target.mkdir(parents=True)
-    command = [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--only-binary=:all:",
-               "--python-version", "3.11", "--implementation", "cp", "-d", str(target), "-r", str(requirements)]
+    command = [
+        sys.executable,
+        "-m",
+        "pip",
+        "download",
+        "--quiet",
+        "--no-deps",
+        "--only-binary=:all:",
+        "--python-version",
+        "3.11",
+        "--implementation",
+        "cp",
+        "-d",
+        str(target),
+        "-r",
+        str(requirements),
+    ]
     for platform in _WHEEL_PLATFORMS:
         command[4:4] = ["--platform", platform]
     _run(command, progress, "download wheels")
@@ -118,7 +131,7 @@ def _wheelhouse(cache_dir: Path, progress: ProgressCallback) -> Path:
 
 def _debian_mirror(sources_dir: Path = Path("/etc/apt")) -> str | None:
     """The first Debian mirror the machine's own apt uses, so debootstrap fetches where apt does."""
-    candidates = sorted((sources_dir / "sources.list.d").glob("*.sources")) + [sources_dir / "sources.list"]
+    candidates = [*sorted((sources_dir / "sources.list.d").glob("*.sources")), sources_dir / "sources.list"]
     for path in candidates:
         try:
             text = path.read_text()
@@ -145,8 +158,13 @@ def _offline_base(backend: SandboxBackend, cache_dir: Path, progress: ProgressCa
     cache_dir.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=cache_dir, prefix="rootfs-") as work:
         rootfs = Path(work) / "rootfs"
-        command = ["debootstrap", "--variant=minbase", f"--include={_DEBOOTSTRAP_PACKAGES}", _DEBIAN_SUITE,
-                   str(rootfs)]
+        command = [
+            "debootstrap",
+            "--variant=minbase",
+            f"--include={_DEBOOTSTRAP_PACKAGES}",
+            _DEBIAN_SUITE,
+            str(rootfs),
+        ]
         if mirror:
             command.append(mirror)
         progress("making a Debian root filesystem with debootstrap (about a minute)")
@@ -208,7 +226,10 @@ def build_executor_image(
         shutil.copytree(wheels, Path(context) / "wheels", ignore=shutil.ignore_patterns(".complete"))
         progress(f"building {tag} from {base} with no network")
         backend.build_image(
-            context, tag, {"BASE_IMAGE": base},
-            {"io.sandbox-runtime.image-base": base, "io.sandbox-runtime.image-source": chosen}, progress,
+            context,
+            tag,
+            {"BASE_IMAGE": base},
+            {"io.sandbox-runtime.image-base": base, "io.sandbox-runtime.image-source": chosen},
+            progress,
         )
     return ImageBuildReport(tag=tag, source=chosen, base_image=base, built=True)

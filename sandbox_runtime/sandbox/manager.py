@@ -105,10 +105,15 @@ class SandboxManager:
             self.store.prepare(folders)
             try:
                 report = run_self_check(
-                    self.backend, self.policy, lambda labels: self._spec(folders, labels),
+                    self.backend,
+                    self.policy,
+                    lambda labels: self._spec(folders, labels),
                     quota_mode=folders.quota_mode,
-                    labels={**self.base_labels, LABEL_CONVERSATION: CANARY_CONVERSATION,
-                            LABEL_CREATED_AT: str(int(self.clock()))},
+                    labels={
+                        **self.base_labels,
+                        LABEL_CONVERSATION: CANARY_CONVERSATION,
+                        LABEL_CREATED_AT: str(int(self.clock())),
+                    },
                 )
             finally:
                 self.store.delete(folders)
@@ -147,27 +152,39 @@ class SandboxManager:
                 created = float(existing.labels.get(LABEL_CREATED_AT, now))
                 self.state.record_sandbox(existing.id, conversation_id, created)
                 self.state.touch_sandbox(existing.id, now)
-                return Sandbox(conversation_id=conversation_id, container_id=existing.id, folders=folders,
-                               created_at=created)
+                return Sandbox(
+                    conversation_id=conversation_id,
+                    container_id=existing.id,
+                    folders=folders,
+                    created_at=created,
+                )
             self._require_self_check()
-            labels = {**self._labels(conversation_id), LABEL_CREATED_AT: str(int(now)),
-                      LABEL_POLICY: self.policy.digest()}
+            labels = {
+                **self._labels(conversation_id),
+                LABEL_CREATED_AT: str(int(now)),
+                LABEL_POLICY: self.policy.digest(),
+            }
             info = self.backend.create_and_start(self._spec(folders, labels))
             if info.warnings:
                 self.backend.remove(info.id)
                 raise SelfCheckFailed(f"the engine could not apply the profile: {'; '.join(info.warnings)}")
             if not info.running:
                 self.backend.remove(info.id)
-                raise SandboxError(f"the sandbox for {conversation_id!r} stopped right after it started "
-                                   f"({info.status}, exit code {info.exit_code})")
+                raise SandboxError(
+                    f"the sandbox for {conversation_id!r} stopped right after it started "
+                    f"({info.status}, exit code {info.exit_code})"
+                )
             self.state.record_sandbox(info.id, conversation_id, now)
             logger.info("started sandbox %s for conversation %s", info.id[:12], conversation_id)
             return Sandbox(conversation_id=conversation_id, container_id=info.id, folders=folders, created_at=now)
 
     def _adoptable(self, conversation_id: str, now: float) -> ContainerInfo | None:
         """The newest usable container of this conversation; every other one is removed."""
-        found = sorted(self.backend.list_containers(self._labels(conversation_id)),
-                       key=lambda c: float(c.labels.get(LABEL_CREATED_AT, 0)), reverse=True)
+        found = sorted(
+            self.backend.list_containers(self._labels(conversation_id)),
+            key=lambda c: float(c.labels.get(LABEL_CREATED_AT, 0)),
+            reverse=True,
+        )
         keep: ContainerInfo | None = None
         for info in found:
             reason = self._unusable_reason(info, now)
@@ -203,8 +220,9 @@ class SandboxManager:
     def close(self, conversation_id: str) -> bool:
         """End the conversation's sandbox; its folders stay. True when one was running."""
         with self.lock(conversation_id):
-            removed = [self._remove(info, "closed") for info in self.backend.list_containers(
-                self._labels(conversation_id))]
+            removed = [
+                self._remove(info, "closed") for info in self.backend.list_containers(self._labels(conversation_id))
+            ]
         return bool(removed)
 
     # reaping ------------------------------------------------------------------------------------------

@@ -76,7 +76,11 @@ def _mount_options(entry: Any) -> list[str]:
 
 
 def evaluate_probe(
-    probe: dict[str, Any], policy: Policy, *, quota_mode: str, host: dict[str, str | None],
+    probe: dict[str, Any],
+    policy: Policy,
+    *,
+    quota_mode: str,
+    host: dict[str, str | None],
     create_warnings: tuple[str, ...] = (),
 ) -> list[Check]:
     """Judge what the canary reported (and, under gVisor, what the host's cgroups say) against the policy.
@@ -91,74 +95,146 @@ def evaluate_probe(
     def add(name: str, expected: str, actual: object, ok: bool, fix: str) -> None:
         checks.append(Check(name=name, expected=expected, actual=str(actual), ok=ok, fix="" if ok else fix))
 
-    add("capabilities", "CapEff/CapPrm/CapBnd all 0",
+    add(
+        "capabilities",
+        "CapEff/CapPrm/CapBnd all 0",
         f"{probe.get('cap_eff')}/{probe.get('cap_prm')}/{probe.get('cap_bnd')}",
         all(_cap_is_empty(probe.get(k)) for k in ("cap_eff", "cap_prm", "cap_bnd")),
-        "the engine did not apply cap_drop=ALL; upgrade Docker or check for a plugin rewriting HostConfig")
+        "the engine did not apply cap_drop=ALL; upgrade Docker or check for a plugin rewriting HostConfig",
+    )
     if gvisor:
-        add("no-new-privileges", "set on the container (NoNewPrivs is not shown inside gVisor)",
-            host.get("security_opt"), "no-new-privileges" in (host.get("security_opt") or ""),
-            "the engine dropped security_opt no-new-privileges; upgrade Docker")
+        add(
+            "no-new-privileges",
+            "set on the container (NoNewPrivs is not shown inside gVisor)",
+            host.get("security_opt"),
+            "no-new-privileges" in (host.get("security_opt") or ""),
+            "the engine dropped security_opt no-new-privileges; upgrade Docker",
+        )
     else:
-        add("no-new-privileges", "NoNewPrivs 1", probe.get("no_new_privs"), probe.get("no_new_privs") == "1",
-            "the engine ignored security_opt no-new-privileges; upgrade Docker")
+        add(
+            "no-new-privileges",
+            "NoNewPrivs 1",
+            probe.get("no_new_privs"),
+            probe.get("no_new_privs") == "1",
+            "the engine ignored security_opt no-new-privileges; upgrade Docker",
+        )
     seccomp_ok = probe.get("seccomp") == "2" or (gvisor and probe.get("seccomp") in ("0", "2"))
-    add("seccomp", "Seccomp 2 (filter)" + (" or gVisor's own syscall layer" if gvisor else ""),
-        probe.get("seccomp"), seccomp_ok,
-        "start dockerd with its default seccomp profile (no --seccomp-profile=unconfined)")
-    add("non-root uid", f"uid/gid {policy.sandbox.uid}/{policy.sandbox.gid}",
+    add(
+        "seccomp",
+        "Seccomp 2 (filter)" + (" or gVisor's own syscall layer" if gvisor else ""),
+        probe.get("seccomp"),
+        seccomp_ok,
+        "start dockerd with its default seccomp profile (no --seccomp-profile=unconfined)",
+    )
+    add(
+        "non-root uid",
+        f"uid/gid {policy.sandbox.uid}/{policy.sandbox.gid}",
         f"{probe.get('uid')}/{probe.get('gid')}",
-        probe.get("uid") == policy.sandbox.uid and probe.get("gid") == policy.sandbox.gid
-        and probe.get("euid") == policy.sandbox.uid and probe.get("uid") != 0,
-        "set sandbox.uid/gid in the policy to a non-zero id; rootless engines may remap ids")
-    inside_or_host = {key: probe.get(key) if probe.get(key) is not None else host.get(key)
-                      for key in ("memory_limit_bytes", "memory_swap_limit_bytes", "pids_limit")}
+        probe.get("uid") == policy.sandbox.uid
+        and probe.get("gid") == policy.sandbox.gid
+        and probe.get("euid") == policy.sandbox.uid
+        and probe.get("uid") != 0,
+        "set sandbox.uid/gid in the policy to a non-zero id; rootless engines may remap ids",
+    )
+    inside_or_host = {
+        key: probe.get(key) if probe.get(key) is not None else host.get(key)
+        for key in ("memory_limit_bytes", "memory_swap_limit_bytes", "pids_limit")
+    }
     memory = inside_or_host["memory_limit_bytes"]
-    add("memory limit", f"{limits.memory_bytes} bytes", memory, memory == str(limits.memory_bytes),
-        "the memory cgroup controller is missing: enable cgroup memory accounting (cgroup_enable=memory)")
+    add(
+        "memory limit",
+        f"{limits.memory_bytes} bytes",
+        memory,
+        memory == str(limits.memory_bytes),
+        "the memory cgroup controller is missing: enable cgroup memory accounting (cgroup_enable=memory)",
+    )
     swap = inside_or_host["memory_swap_limit_bytes"]
     swap_ok = swap in (str(limits.memory_bytes), "0")
-    add("no swap", f"memory+swap limit {limits.memory_bytes} bytes", swap, swap_ok,
-        "swap accounting is off: boot with swapaccount=1 (cgroup v1) or use cgroup v2")
+    add(
+        "no swap",
+        f"memory+swap limit {limits.memory_bytes} bytes",
+        swap,
+        swap_ok,
+        "swap accounting is off: boot with swapaccount=1 (cgroup v1) or use cgroup v2",
+    )
     pids = inside_or_host["pids_limit"]
-    add("pids limit", str(limits.pids_max), pids, pids == str(limits.pids_max),
-        "the pids cgroup controller is missing: enable it in the kernel / cgroup hierarchy")
+    add(
+        "pids limit",
+        str(limits.pids_max),
+        pids,
+        pids == str(limits.pids_max),
+        "the pids cgroup controller is missing: enable it in the kernel / cgroup hierarchy",
+    )
     root_options = _mount_options(probe.get("root_mount"))
-    add("read-only root", "/ mounted ro; writes to / and /etc refused",
+    add(
+        "read-only root",
+        "/ mounted ro; writes to / and /etc refused",
         f"{','.join(root_options[:1])}; / {probe.get('root_write')}, /etc {probe.get('etc_write')}",
         "ro" in root_options and probe.get("root_write") != "written" and probe.get("etc_write") != "written",
-        "the engine did not apply read_only=True; upgrade Docker")
+        "the engine did not apply read_only=True; upgrade Docker",
+    )
     tmp_options = _mount_options(probe.get("tmp_mount"))
     tmp_flags = ("noexec",) if gvisor else ("noexec", "nosuid", "nodev")  # gVisor's tmpfs lives in its sentry
     tmp_ok = probe.get("tmp_size_bytes") == limits.tmpfs_bytes and all(flag in tmp_options for flag in tmp_flags)
-    add("/tmp tmpfs", f"{limits.tmpfs_bytes} bytes, {','.join(tmp_flags)}",
-        f"{probe.get('tmp_size_bytes')} bytes, {','.join(tmp_options)}", tmp_ok,
-        "the engine did not apply the tmpfs options; upgrade Docker")
+    add(
+        "/tmp tmpfs",
+        f"{limits.tmpfs_bytes} bytes, {','.join(tmp_flags)}",
+        f"{probe.get('tmp_size_bytes')} bytes, {','.join(tmp_options)}",
+        tmp_ok,
+        "the engine did not apply the tmpfs options; upgrade Docker",
+    )
     results_options = _mount_options(probe.get("results_mount"))
     flags_needed = quota_mode == "loop" and not gvisor  # under gVisor the host's loop mount carries them
     results_ok = probe.get("results_write") == "written" and (
         not flags_needed or all(flag in results_options for flag in ("nosuid", "nodev"))
     )
-    add("results folder", "writable" + (", nosuid,nodev" if flags_needed else ""),
-        f"{probe.get('results_write')}, {','.join(results_options) or 'no separate mount'}", results_ok,
-        "the results folder must be writable by the sandbox uid; check the state directory's owner")
+    add(
+        "results folder",
+        "writable" + (", nosuid,nodev" if flags_needed else ""),
+        f"{probe.get('results_write')}, {','.join(results_options) or 'no separate mount'}",
+        results_ok,
+        "the results folder must be writable by the sandbox uid; check the state directory's owner",
+    )
     interfaces = probe.get("interfaces")
-    add("network", "only lo", interfaces, interfaces == ["lo"],
-        "sandboxes must use network_mode=none; a network plugin or engine setting overrides it")
-    add("host loopback", "a listener on the host's 127.0.0.1 is unreachable", probe.get("loopback_host_listener"),
+    add(
+        "network",
+        "only lo",
+        interfaces,
+        interfaces == ["lo"],
+        "sandboxes must use network_mode=none; a network plugin or engine setting overrides it",
+    )
+    add(
+        "host loopback",
+        "a listener on the host's 127.0.0.1 is unreachable",
+        probe.get("loopback_host_listener"),
         probe.get("loopback_host_listener") not in ("connected", None),
-        "the container shares the host's network namespace; never use network_mode=host")
+        "the container shares the host's network namespace; never use network_mode=host",
+    )
     allowed = set(exec_environment(policy)) | {"HOSTNAME"}
     extra_env = sorted(set(probe.get("env_keys") or []) - allowed)
-    add("environment", "only the allow-list", ", ".join(extra_env) or "allow-list only", not extra_env,
-        "remove ENV lines from a custom image; the runtime passes only its allow-list")
+    add(
+        "environment",
+        "only the allow-list",
+        ", ".join(extra_env) or "allow-list only",
+        not extra_env,
+        "remove ENV lines from a custom image; the runtime passes only its allow-list",
+    )
     missing = [m for m in _REQUIRED_IMPORTS if not probe.get(f"import_{m}")]
     present = [m for m in _FORBIDDEN_IMPORTS if probe.get(f"import_{m}")]
-    add("executor packages", "openpyxl, docx, pptx, defusedxml; no pip, numpy, pandas",
-        f"missing {missing or 'none'}, unexpected {present or 'none'}", not missing and not present,
-        "rebuild the image: sandbox-runtime image build --force")
-    add("engine warnings", "none", "; ".join(create_warnings) or "none", not create_warnings,
-        "the engine could not apply a limit (e.g. swap limit unsupported): fix the host's cgroup setup")
+    add(
+        "executor packages",
+        "openpyxl, docx, pptx, defusedxml; no pip, numpy, pandas",
+        f"missing {missing or 'none'}, unexpected {present or 'none'}",
+        not missing and not present,
+        "rebuild the image: sandbox-runtime image build --force",
+    )
+    add(
+        "engine warnings",
+        "none",
+        "; ".join(create_warnings) or "none",
+        not create_warnings,
+        "the engine could not apply a limit (e.g. swap limit unsupported): fix the host's cgroup setup",
+    )
     return checks
 
 
@@ -185,12 +261,18 @@ def run_self_check(
     with _loopback_listener() as port:
         info = backend.create_and_start(spec)
         try:
-            result = backend.exec(info.id, ExecRequest(
-                command=(PYTHON, "-I", SELFCHECK, policy.sandbox.results_mount_path, str(port)),
-                user=code_user(policy), environment=exec_environment(policy),
-                working_dir=policy.sandbox.results_mount_path, stdout_max_bytes=_PROBE_OUTPUT_MAX_BYTES,
-                stderr_max_bytes=_PROBE_OUTPUT_MAX_BYTES, deadline_s=_PROBE_DEADLINE_S,
-            ))
+            result = backend.exec(
+                info.id,
+                ExecRequest(
+                    command=(PYTHON, "-I", SELFCHECK, policy.sandbox.results_mount_path, str(port)),
+                    user=code_user(policy),
+                    environment=exec_environment(policy),
+                    working_dir=policy.sandbox.results_mount_path,
+                    stdout_max_bytes=_PROBE_OUTPUT_MAX_BYTES,
+                    stderr_max_bytes=_PROBE_OUTPUT_MAX_BYTES,
+                    deadline_s=_PROBE_DEADLINE_S,
+                ),
+            )
             host = backend.host_facts(info.id)
         finally:
             backend.remove(info.id)
@@ -202,5 +284,10 @@ def run_self_check(
     probe = json.loads(result.stdout)
     checks = evaluate_probe(probe, policy, quota_mode=quota_mode, host=host, create_warnings=info.warnings)
     logger.info("self-check: %d checks, %d failed", len(checks), sum(not c.ok for c in checks))
-    return SelfCheckReport(runtime=policy.sandbox.runtime, image=spec.image, quota_mode=quota_mode,
-                           engine=engine, checks=tuple(checks))
+    return SelfCheckReport(
+        runtime=policy.sandbox.runtime,
+        image=spec.image,
+        quota_mode=quota_mode,
+        engine=engine,
+        checks=tuple(checks),
+    )

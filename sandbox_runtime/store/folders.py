@@ -36,8 +36,13 @@ from sandbox_runtime.store.quota import (
 )
 from sandbox_runtime.store.safe_paths import ResultsRoot
 
-__all__ = ["CONVERSATION_ID_MAX_CHARS", "RESULT_SUBFOLDERS", "ConversationFolders", "ConversationStore",
-           "validate_conversation_id"]
+__all__ = [
+    "CONVERSATION_ID_MAX_CHARS",
+    "RESULT_SUBFOLDERS",
+    "ConversationFolders",
+    "ConversationStore",
+    "validate_conversation_id",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -54,8 +59,7 @@ def validate_conversation_id(conversation_id: object) -> str:
         raise InvalidConversationId("a conversation id must not be empty")
     if len(conversation_id) > CONVERSATION_ID_MAX_CHARS:
         raise InvalidConversationId(
-            f"a conversation id has at most {CONVERSATION_ID_MAX_CHARS} characters; this one has "
-            f"{len(conversation_id)}"
+            f"a conversation id has at most {CONVERSATION_ID_MAX_CHARS} characters; this one has {len(conversation_id)}"
         )
     if not _ID_PATTERN.fullmatch(conversation_id):
         raise InvalidConversationId(
@@ -91,9 +95,13 @@ class ConversationStore:
         validate_conversation_id(conversation_id)
         root = self.state_dir / "conversations" / conversation_id
         return ConversationFolders(
-            conversation_id=conversation_id, root=root, results=root / "results", outputs=root / "outputs",
+            conversation_id=conversation_id,
+            root=root,
+            results=root / "results",
+            outputs=root / "outputs",
             volume=self.state_dir / "volumes" / f"{conversation_id}.ext4",
-            quota_mode=quota_mode or self.quota_mode, quota_bytes=self.policy.store.quota_bytes,
+            quota_mode=quota_mode or self.quota_mode,
+            quota_bytes=self.policy.store.quota_bytes,
         )
 
     def prepare(self, folders: ConversationFolders) -> None:
@@ -135,8 +143,11 @@ class ConversationStore:
             os.close(root_fd)
 
     def results_root(self, folders: ConversationFolders) -> ResultsRoot:
-        return ResultsRoot(folders.results, self.policy.sandbox.results_mount_path,
-                           owner=(self.policy.sandbox.uid, self.policy.sandbox.gid))
+        return ResultsRoot(
+            folders.results,
+            self.policy.sandbox.results_mount_path,
+            owner=(self.policy.sandbox.uid, self.policy.sandbox.gid),
+        )
 
     def usage(self, folders: ConversationFolders) -> QuotaUsage:
         """Bytes used against the quota: the filesystem's counters, or a bounded walk in measured mode."""
@@ -144,8 +155,11 @@ class ConversationStore:
             return statvfs_usage(folders.results, folders.quota_bytes)
         measured = self.results_root(folders).measure_usage()
         return QuotaUsage(
-            mode="measured", used_bytes=measured.bytes_used, limit_bytes=folders.quota_bytes,
-            free_bytes=max(folders.quota_bytes - measured.bytes_used, 0), complete=measured.complete,
+            mode="measured",
+            used_bytes=measured.bytes_used,
+            limit_bytes=folders.quota_bytes,
+            free_bytes=max(folders.quota_bytes - measured.bytes_used, 0),
+            complete=measured.complete,
         )
 
     def delete(self, folders: ConversationFolders) -> None:

@@ -22,8 +22,15 @@ from pydantic import BaseModel, ConfigDict
 
 from sandbox_runtime.errors import QuotaError
 
-__all__ = ["QuotaMode", "QuotaUsage", "loop_quota_unavailable_reason", "mount_loop_quota", "resolve_quota_mode",
-           "statvfs_usage", "unmount_loop_quota"]
+__all__ = [
+    "QuotaMode",
+    "QuotaUsage",
+    "loop_quota_unavailable_reason",
+    "mount_loop_quota",
+    "resolve_quota_mode",
+    "statvfs_usage",
+    "unmount_loop_quota",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -91,8 +98,20 @@ def mount_loop_quota(image: Path, mountpoint: Path, size_bytes: int, uid: int, g
         finally:
             os.close(fd)
         try:
-            _run(["mkfs.ext4", "-q", "-F", "-m", "0", "-L", "sbrt-results",
-                  "-E", f"root_owner={uid}:{gid},lazy_itable_init=0,lazy_journal_init=0", str(image)])
+            _run(
+                [
+                    "mkfs.ext4",
+                    "-q",
+                    "-F",
+                    "-m",
+                    "0",
+                    "-L",
+                    "sbrt-results",
+                    "-E",
+                    f"root_owner={uid}:{gid},lazy_itable_init=0,lazy_journal_init=0",
+                    str(image),
+                ]
+            )
         except QuotaError:
             image.unlink(missing_ok=True)
             raise

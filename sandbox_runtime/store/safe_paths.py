@@ -192,9 +192,7 @@ class ResultsRoot:
         """
         self._owner = owner
         if not mount_path.startswith("/") or mount_path == "/" or os.path.normpath(mount_path) != mount_path:
-            raise ValueError(
-                f"mount_path must be a normalised absolute path other than '/', not {mount_path!r}"
-            )
+            raise ValueError(f"mount_path must be a normalised absolute path other than '/', not {mount_path!r}")
         self._host_root = Path(os.path.abspath(os.fspath(host_root)))
         self._mount = mount_path
 
@@ -282,9 +280,7 @@ class ResultsRoot:
         finally:
             os.close(fd)
 
-    def _open_child_dir(
-        self, parent: int, name: str, here: tuple[str, ...], root_dev: int, *, create: bool
-    ) -> int:
+    def _open_child_dir(self, parent: int, name: str, here: tuple[str, ...], root_dev: int, *, create: bool) -> int:
         created = False
         if create:
             try:
@@ -400,9 +396,7 @@ class ResultsRoot:
         """
         return self._publish(path, data, make_parents=make_parents, mode=mode, replace=False)
 
-    def replace_file(
-        self, path: PathArg, data: bytes, *, make_parents: bool = True, mode: int = 0o644
-    ) -> str:
+    def replace_file(self, path: PathArg, data: bytes, *, make_parents: bool = True, mode: int = 0o644) -> str:
         """Publish a file atomically, replacing any non-folder at the name (a link itself, not its target)."""
         return self._publish(path, data, make_parents=make_parents, mode=mode, replace=True)
 
@@ -523,9 +517,7 @@ class ResultsRoot:
         finally:
             for top, _pending in stack:
                 os.close(top)
-        return Usage(
-            counts["bytes"], counts["file"], counts["dir"], counts["other"], complete and not exhausted
-        )
+        return Usage(counts["bytes"], counts["file"], counts["dir"], counts["other"], complete and not exhausted)
 
     @staticmethod
     def _scan(

@@ -222,9 +222,7 @@ def _cut_middle(text: str, limit: int) -> str:
     return text[:head] + marker + text[len(text) - (keep - head) :]
 
 
-def _fit(
-    first: tuple[str, str, str], frames: list[list[str]], extra: list[str], tails: list[str], limit: int
-) -> str:
+def _fit(first: tuple[str, str, str], frames: list[list[str]], extra: list[str], tails: list[str], limit: int) -> str:
     """Assemble the message, dropping and cutting parts in priority order until it fits ``limit``."""
     prefix, exc, suffix = first
     floor = min(len(exc), max(_MIN_EXCEPTION_CHARS, limit // 4))
@@ -238,9 +236,7 @@ def _fit(
     return "\n".join([prefix + _cut_middle(exc, max(room, 40)) + suffix, *body, tail])
 
 
-def _locate(
-    lines: Sequence[str], prefixes: Sequence[str]
-) -> tuple[str, str | None, Frame | None, Frame | None]:
+def _locate(lines: Sequence[str], prefixes: Sequence[str]) -> tuple[str, str | None, Frame | None, Frame | None]:
     """The exception line, its type, the user frame and the innermost frame when it is not the user's."""
     parser = _Parser()
     for raw in lines:
@@ -266,16 +262,12 @@ def _locate(
     candidates += [b for b in blocks if b.fault] if final else blocks[::-1]  # a cut-off traceback too
     if parser.fatal is not None:
         exception_line, exception_type = parser.fatal, None
-    user_frame = next(
-        (f for b in candidates for f in reversed(b.ordered()) if _is_user(f.file, prefixes)), None
-    )
+    user_frame = next((f for b in candidates for f in reversed(b.ordered()) if _is_user(f.file, prefixes)), None)
     innermost = next((b.ordered()[-1] for b in candidates if b.frames), None)
     return exception_line, exception_type, user_frame, innermost if innermost != user_frame else None
 
 
-def _first_line(
-    exception_line: str, exit_code: int | None, sig: int | None, last: str
-) -> tuple[str, str, str]:
+def _first_line(exception_line: str, exit_code: int | None, sig: int | None, last: str) -> tuple[str, str, str]:
     """The message's first line as (prefix, the cuttable exception line, suffix)."""
     code = f"exit code {exit_code}"
     if exception_line:

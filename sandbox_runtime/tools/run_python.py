@@ -22,7 +22,7 @@ from __future__ import annotations
 import errno
 import logging
 import re
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
@@ -56,8 +56,10 @@ class RunPythonArgs(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     code: str | None = Field(None, description="Python source to run (saved as scripts/run-NNNN.py first).")
-    script_path: str | None = Field(None, description="A .py file in the results folder, e.g. "
-                                    "/mnt/results/scripts/report.py or scripts/report.py.")
+    script_path: str | None = Field(
+        None,
+        description="A .py file in the results folder, e.g. /mnt/results/scripts/report.py or scripts/report.py.",
+    )
     args: list[str] = Field(default_factory=list, description="Command-line arguments (sys.argv[1:]).")
     timeout_s: float | None = Field(None, gt=0, description="Wall-clock limit in seconds (policy default).")
 
@@ -134,8 +136,9 @@ def _save(root: ResultsRoot, relative: str, text: str) -> str | None:
         return None
 
 
-def run_python(manager: SandboxManager, conversation_id: str, raw_args: dict[str, object] | RunPythonArgs
-               ) -> RunPythonResult:
+def run_python(
+    manager: SandboxManager, conversation_id: str, raw_args: dict[str, object] | RunPythonArgs
+) -> RunPythonResult:
     """Run one script in the conversation's sandbox and classify how it ended."""
     policy = manager.policy
     args = parse_args(raw_args, policy)
@@ -159,18 +162,37 @@ def run_python(manager: SandboxManager, conversation_id: str, raw_args: dict[str
             return _quota_result(root, args, usage.used_bytes, usage.limit_bytes, run_number)
         oom_before = manager.backend.oom_kill_count(sandbox.container_id)
         caps = (policy.run.stdout_max_bytes, policy.run.stderr_max_bytes)
-        result = manager.backend.exec(sandbox.container_id, ExecRequest(
-            command=(PYTHON, "-I", RUNNER, f"{timeout_s:g}", f"{policy.run.kill_grace_s:g}", str(caps[0]),
-                     str(caps[1]), PYTHON, script, *args.args),
-            user=code_user(policy), environment=exec_environment(policy),
-            working_dir=policy.sandbox.results_mount_path, stdout_max_bytes=caps[0] + _HOST_CAP_MARGIN_BYTES,
-            stderr_max_bytes=caps[1] + _HOST_CAP_MARGIN_BYTES,
-            deadline_s=timeout_s + policy.run.kill_grace_s + _HOST_DEADLINE_MARGIN_S,
-        ))
+        result = manager.backend.exec(
+            sandbox.container_id,
+            ExecRequest(
+                command=(
+                    PYTHON,
+                    "-I",
+                    RUNNER,
+                    f"{timeout_s:g}",
+                    f"{policy.run.kill_grace_s:g}",
+                    str(caps[0]),
+                    str(caps[1]),
+                    PYTHON,
+                    script,
+                    *args.args,
+                ),
+                user=code_user(policy),
+                environment=exec_environment(policy),
+                working_dir=policy.sandbox.results_mount_path,
+                stdout_max_bytes=caps[0] + _HOST_CAP_MARGIN_BYTES,
+                stderr_max_bytes=caps[1] + _HOST_CAP_MARGIN_BYTES,
+                deadline_s=timeout_s + policy.run.kill_grace_s + _HOST_DEADLINE_MARGIN_S,
+            ),
+        )
         if result.over_cap is not None or result.deadline_hit:
             # the runner did not stop the run itself (the code got around it): end every process at once
-            logger.warning("run %d in %s passed the host's backstop (%s); restarting the sandbox", run_number,
-                           conversation_id, result.over_cap or "deadline")
+            logger.warning(
+                "run %d in %s passed the host's backstop (%s); restarting the sandbox",
+                run_number,
+                conversation_id,
+                result.over_cap or "deadline",
+            )
             manager.restart(sandbox)
         oom_after = manager.backend.oom_kill_count(sandbox.container_id)
         manager.touch(sandbox)
@@ -196,59 +218,100 @@ def _classify(result: ExecResult, timeout_s: float, oom_before: int | None, oom_
     return "ok" if result.exit_code == 0 else "error"
 
 
-def _quota_result(root: ResultsRoot, args: RunPythonArgs, used: int, limit: int, run_number: int
-                  ) -> RunPythonResult:
+def _quota_result(root: ResultsRoot, args: RunPythonArgs, used: int, limit: int, run_number: int) -> RunPythonResult:
     script = args.script_path or f"scripts/run-{run_number:04d}.py (not saved)"
     return RunPythonResult(
-        status="quota_exceeded", is_error=True, exit_code=None, stdout="", stderr="", duration_s=0.0,
+        status="quota_exceeded",
+        is_error=True,
+        exit_code=None,
+        stdout="",
+        stderr="",
+        duration_s=0.0,
         message=f"Not run: the results folder is full ({used:,} of {limit:,} bytes used). Delete files you no "
         f"longer need (e.g. with run_python: os.remove) and run again.",
         script_path=script if args.script_path else root.sandbox_path(()) + "/" + script,
-        stdout_bytes=0, stderr_bytes=0, used_bytes=used, limit_bytes=limit,
+        stdout_bytes=0,
+        stderr_bytes=0,
+        used_bytes=used,
+        limit_bytes=limit,
     )
 
 
-def _finish(manager: SandboxManager, sandbox: Sandbox, root: ResultsRoot, script: str, run_number: int,
-            result: ExecResult, status: RunStatus, timeout_s: float) -> RunPythonResult:
+def _finish(
+    manager: SandboxManager,
+    sandbox: Sandbox,
+    root: ResultsRoot,
+    script: str,
+    run_number: int,
+    result: ExecResult,
+    status: RunStatus,
+    timeout_s: float,
+) -> RunPythonResult:
     policy = manager.policy
     stdout = _decode(result.stdout[: policy.run.stdout_max_bytes])
     stderr = _decode(result.stderr[: policy.run.stderr_max_bytes])
-    base = dict(status=status, is_error=status != "ok", exit_code=result.exit_code, stdout=stdout, stderr=stderr,
-                duration_s=round(result.duration_s, 3), script_path=script,
-                stdout_bytes=result.stdout_bytes_total, stderr_bytes=result.stderr_bytes_total)
+    base: dict[str, Any] = dict(
+        status=status,
+        is_error=status != "ok",
+        exit_code=result.exit_code,
+        stdout=stdout,
+        stderr=stderr,
+        duration_s=round(result.duration_s, 3),
+        script_path=script,
+        stdout_bytes=result.stdout_bytes_total,
+        stderr_bytes=result.stderr_bytes_total,
+    )
     if status == "ok":
-        return RunPythonResult(message=f"Exit code 0 in {result.duration_s:.2f} s.", **base)  # type: ignore[arg-type]
+        return RunPythonResult(message=f"Exit code 0 in {result.duration_s:.2f} s.", **base)
     error_path = _save(root, f"errors/run-{run_number:04d}.txt", stderr)
     output_path = None
-    extra: dict[str, object] = {}
+    extra: dict[str, Any] = {}
     summary = summarize_failure(
-        stderr, exit_code=result.exit_code, user_path_prefixes=[policy.sandbox.results_mount_path + "/"],
+        stderr,
+        exit_code=result.exit_code,
+        user_path_prefixes=[policy.sandbox.results_mount_path + "/"],
         error_file_path=error_path or "(not saved: the results folder is full)",
         max_chars=policy.run.error_message_max_chars,
     )
     if status == "error":
         message = summary.message
     elif status == "timeout":
-        message = (f"Stopped at the time limit of {timeout_s:g} s (timeout_s); every process of the run was "
-                   f"ended. Make the script faster or pass a larger timeout_s (at most "
-                   f"{policy.run.max_timeout_s:g} s). {summary.message}")
+        message = (
+            f"Stopped at the time limit of {timeout_s:g} s (timeout_s); every process of the run was "
+            f"ended. Make the script faster or pass a larger timeout_s (at most "
+            f"{policy.run.max_timeout_s:g} s). {summary.message}"
+        )
     elif status == "memory_limit":
-        message = (f"Killed: the run used more than the memory limit of {policy.sandbox.limits.memory_bytes:,} "
-                   f"bytes. Process the data in smaller pieces (stream rows instead of loading them all). "
-                   f"{summary.message}")
+        message = (
+            f"Killed: the run used more than the memory limit of {policy.sandbox.limits.memory_bytes:,} "
+            f"bytes. Process the data in smaller pieces (stream rows instead of loading them all). "
+            f"{summary.message}"
+        )
     elif status == "output_limit":
         stream = result.over_cap or ("stdout" if result.stdout_bytes_total > policy.run.stdout_max_bytes else "stderr")
         cap = policy.run.stdout_max_bytes if stream == "stdout" else policy.run.stderr_max_bytes
-        output_path = _save(root, f"errors/run-{run_number:04d}.{stream}.txt",
-                            _decode((result.stdout if stream == "stdout" else result.stderr)[:cap]))
-        message = (f"Killed: the run printed more than {cap:,} bytes on {stream} (the cap). Write large output "
-                   f"to a file in {policy.sandbox.results_mount_path} instead of printing it. The first {cap:,} "
-                   f"bytes are in {output_path or '(not saved: the results folder is full)'}.")
+        output_path = _save(
+            root,
+            f"errors/run-{run_number:04d}.{stream}.txt",
+            _decode((result.stdout if stream == "stdout" else result.stderr)[:cap]),
+        )
+        message = (
+            f"Killed: the run printed more than {cap:,} bytes on {stream} (the cap). Write large output "
+            f"to a file in {policy.sandbox.results_mount_path} instead of printing it. The first {cap:,} "
+            f"bytes are in {output_path or '(not saved: the results folder is full)'}."
+        )
     else:
         usage = manager.store.usage(sandbox.folders)
         extra = {"used_bytes": usage.used_bytes, "limit_bytes": usage.limit_bytes}
-        message = (f"The results folder is full: {usage.used_bytes:,} of {usage.limit_bytes:,} bytes used "
-                   f"(the conversation's disk quota). Delete files you no longer need and run again. "
-                   f"{summary.message}")
-    return RunPythonResult(message=message[: max(policy.run.error_message_max_chars, 400) * 2],
-                           error_path=error_path, output_path=output_path, **base, **extra)  # type: ignore[arg-type]
+        message = (
+            f"The results folder is full: {usage.used_bytes:,} of {usage.limit_bytes:,} bytes used "
+            f"(the conversation's disk quota). Delete files you no longer need and run again. "
+            f"{summary.message}"
+        )
+    return RunPythonResult(
+        message=message[: max(policy.run.error_message_max_chars, 400) * 2],
+        error_path=error_path,
+        output_path=output_path,
+        **base,
+        **extra,
+    )

@@ -86,9 +86,7 @@ def main():
         "cap_bnd": status.get("CapBnd"),
         "no_new_privs": status.get("NoNewPrivs"),
         "seccomp": status.get("Seccomp"),
-        "memory_limit_bytes": _read_first(
-            ["/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"]
-        ),
+        "memory_limit_bytes": _read_first(["/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"]),
         "memory_swap_limit_bytes": _read_first(
             ["/sys/fs/cgroup/memory.swap.max", "/sys/fs/cgroup/memory/memory.memsw.limit_in_bytes"]
         ),

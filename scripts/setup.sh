@@ -1,0 +1,68 @@
+#!/usr/bin/env bash
+# Set up everything sandbox-runtime needs on a Debian/Ubuntu machine, idempotently:
+#   1. a Docker engine: a working one (Docker Desktop, a system service) is left alone; otherwise the engine is
+#      installed from the distribution's packages and started without a default bridge network (sandboxes
+#      never need one), with gVisor (runsc) registered;
+#   2. the Python package and its development tools in .venv;
+#   3. the executor image, built offline when no container registry answers.
+# Safe to run again: each step does nothing when its work is already done.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+log() { printf '[setup] %s\n' "$*" >&2; }
+as_root() { if [ "$(id -u)" -eq 0 ]; then "$@"; else sudo "$@"; fi; }
+
+apt_updated=0
+apt_install() {
+  local missing=()
+  for pkg in "$@"; do dpkg -s "$pkg" >/dev/null 2>&1 || missing+=("$pkg"); done
+  [ ${#missing[@]} -eq 0 ] && return 0
+  if [ "$apt_updated" -eq 0 ]; then as_root apt-get update -q >/dev/null; apt_updated=1; fi
+  log "installing ${missing[*]}"
+  as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -q "${missing[@]}" >/dev/null
+}
+
+engine_answers() { timeout 10 docker info >/dev/null 2>&1; }
+
+start_engine() {
+  apt_install docker.io runsc
+  if [ ! -f /etc/docker/daemon.json ]; then
+    as_root mkdir -p /etc/docker
+    printf '%s\n' '{"runtimes": {"runsc": {"path": "/usr/bin/runsc", "runtimeArgs": ["--network=none"]}}}' \
+      | as_root tee /etc/docker/daemon.json >/dev/null
+  fi
+  if ! pgrep -x dockerd >/dev/null && [ -f /var/run/docker.pid ]; then
+    log "removing a stale /var/run/docker.pid"
+    as_root rm -f /var/run/docker.pid
+  fi
+  if ! pgrep -x dockerd >/dev/null; then
+    log "starting dockerd (no default bridge, no iptables)"
+    as_root mkdir -p /var/log
+    as_root setsid nohup dockerd --bridge=none --iptables=false >/var/log/sandbox-runtime-dockerd.log 2>&1 </dev/null &
+  fi
+  for _ in $(seq 1 60); do engine_answers && return 0; sleep 1; done
+  log "the Docker engine did not answer within 60 s; see /var/log/sandbox-runtime-dockerd.log"
+  exit 1
+}
+
+if engine_answers; then
+  log "a Docker engine answers: leaving it as it is"
+else
+  start_engine
+fi
+# debootstrap builds the image's base offline; mkfs.ext4 and losetup give kernel-enforced disk quotas
+apt_install debootstrap e2fsprogs mount
+
+if [ ! -x .venv/bin/python ]; then
+  log "creating .venv"
+  python3 -m venv .venv
+fi
+if ! .venv/bin/python -c 'import sandbox_runtime, pytest, ruff, mypy' >/dev/null 2>&1 \
+   || [ pyproject.toml -nt .venv/.installed ]; then
+  log "installing sandbox-runtime and its development tools into .venv"
+  .venv/bin/python -m pip install -q --upgrade pip >/dev/null
+  .venv/bin/python -m pip install -q -e '.[dev]'
+  touch .venv/.installed
+fi
+
+.venv/bin/sandbox-runtime image build
