@@ -57,7 +57,10 @@ def _mapped(action: str, error: type[Exception] = SandboxError) -> Iterator[None
     except requests.exceptions.ReadTimeout as exc:
         raise EngineUnavailable(f"{action}: the Docker engine did not answer in time ({exc})") from exc
     except docker.errors.DockerException as exc:
-        raise EngineUnavailable(f"{action}: {exc}") from exc
+        raise EngineUnavailable(
+            f"{action}: cannot reach the Docker engine ({exc}). Start it (see README: scripts/setup.sh) or set "
+            "DOCKER_HOST to a running engine."
+        ) from exc
 
 
 def _container_info(attrs: Mapping[str, Any], warnings: tuple[str, ...] = ()) -> ContainerInfo:
