@@ -17,6 +17,7 @@ raises, runs out of time or memory) are *results* with ``is_error`` set, never e
     ├── SelfCheckFailed                        the hardening profile is not in force: no sandbox starts
     ├── ImageError                             the executor image is missing or could not be built
     ├── SandboxError                           a container could not be created, started or used
+    │   └── SandboxGone                        the container was removed or stopped behind the runtime's back
     └── QuotaError (OSError)                   the per-conversation disk quota could not be set up
 
 Built-in mix-ins let callers catch ``ValueError``, ``PermissionError``, ``ConnectionError`` or ``OSError``
@@ -36,6 +37,7 @@ __all__ = [
     "PolicyError",
     "QuotaError",
     "SandboxError",
+    "SandboxGone",
     "SandboxRuntimeError",
     "SelfCheckFailed",
     "UnsafeFileType",
@@ -88,6 +90,10 @@ class ImageError(SandboxRuntimeError):
 
 class SandboxError(SandboxRuntimeError):
     """A sandbox container could not be created, started, inspected or used."""
+
+
+class SandboxGone(SandboxError):
+    """The conversation's container no longer exists or is not running (removed or stopped from outside)."""
 
 
 class QuotaError(SandboxRuntimeError, OSError):

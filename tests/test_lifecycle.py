@@ -139,3 +139,15 @@ def test_a_run_waits_for_the_one_before_it_in_the_same_conversation(runtime: Run
         thread.join(timeout=60)
     assert results == ["done\n"] * 3
     assert time.monotonic() - started >= 0.9  # serialised: the runner of one run never ends another's processes
+
+
+def test_a_sandbox_removed_behind_the_runtimes_back_is_replaced_on_the_next_run(
+    runtime: Runtime, docker_backend: DockerBackend
+) -> None:
+    conversation = runtime.conversation("removed-outside")
+    conversation.run_python("open('/mnt/results/kept.txt', 'w').write('kept')")
+    first = conversation.sandbox().container_id
+    docker_backend.remove(first)
+    result = conversation.run_python("print(open('/mnt/results/kept.txt').read())")
+    assert result.stdout == "kept\n"
+    assert conversation.sandbox().container_id != first

@@ -22,7 +22,7 @@ import requests.exceptions
 from docker.types import LogConfig, Ulimit
 from docker.utils import kwargs_from_env
 
-from sandbox_runtime.errors import EngineUnavailable, ImageError, SandboxError
+from sandbox_runtime.errors import EngineUnavailable, ImageError, SandboxError, SandboxGone
 from sandbox_runtime.sandbox.backend import (
     ContainerInfo,
     ContainerSpec,
@@ -250,18 +250,12 @@ class DockerBackend(SandboxBackend):
     def exec(self, container_id: str, request: ExecRequest) -> ExecResult:
         started = time.monotonic()
         with _mapped("start a command in the sandbox"):
-            exec_id = self._api.exec_create(
-                container_id,
-                list(request.command),
-                stdout=True,
-                stderr=True,
-                stdin=False,
-                tty=False,
-                privileged=False,
-                user=request.user,
-                environment=dict(request.environment),
-                workdir=request.working_dir,
-            )["Id"]
+            try:
+                exec_id = self._create_exec(container_id, request)
+            except (docker.errors.NotFound, docker.errors.APIError) as exc:
+                if isinstance(exc, docker.errors.NotFound) or exc.status_code == 409:
+                    raise SandboxGone(f"sandbox {container_id[:12]} is gone: {exc.explanation or exc}") from exc
+                raise
             raw = self._api.exec_start(exec_id, detach=False, tty=False, socket=True)
         sock = getattr(raw, "_sock", raw)
         try:
@@ -284,6 +278,22 @@ class DockerBackend(SandboxBackend):
             over_cap=over_cap,
             deadline_hit=deadline_hit,
             duration_s=time.monotonic() - started,
+        )
+
+    def _create_exec(self, container_id: str, request: ExecRequest) -> str:
+        return str(
+            self._api.exec_create(
+                container_id,
+                list(request.command),
+                stdout=True,
+                stderr=True,
+                stdin=False,
+                tty=False,
+                privileged=False,
+                user=request.user,
+                environment=dict(request.environment),
+                workdir=request.working_dir,
+            )["Id"]
         )
 
     def _exit_code(self, exec_id: str) -> int | None:

@@ -86,6 +86,7 @@ class SandboxManager:
         self._locks: dict[str, threading.RLock] = {}
         self._locks_guard = threading.Lock()
         self._self_check: SelfCheckReport | None = None
+        self._known: dict[str, Sandbox] = {}
 
     # locking ------------------------------------------------------------------------------------------
     def lock(self, conversation_id: str) -> threading.RLock:
@@ -145,18 +146,20 @@ class SandboxManager:
     def get_or_create(self, conversation_id: str) -> Sandbox:
         """The conversation's running sandbox, re-attached by label when one exists, else a new one."""
         with self.lock(conversation_id):
-            folders = self.folders(conversation_id)
             now = self.clock()
+            known = self._known.get(conversation_id)
+            if known is not None and now - known.created_at <= self.policy.sandbox.max_lifetime_s:
+                return known  # started or adopted by this process; forget() drops it when the engine disagrees
+            folders = self.folders(conversation_id)
             existing = self._adoptable(conversation_id, now)
             if existing is not None:
                 created = float(existing.labels.get(LABEL_CREATED_AT, now))
                 self.state.record_sandbox(existing.id, conversation_id, created)
                 self.state.touch_sandbox(existing.id, now)
-                return Sandbox(
-                    conversation_id=conversation_id,
-                    container_id=existing.id,
-                    folders=folders,
-                    created_at=created,
+                return self._remember(
+                    Sandbox(
+                        conversation_id=conversation_id, container_id=existing.id, folders=folders, created_at=created
+                    )
                 )
             self._require_self_check()
             labels = {
@@ -176,7 +179,9 @@ class SandboxManager:
                 )
             self.state.record_sandbox(info.id, conversation_id, now)
             logger.info("started sandbox %s for conversation %s", info.id[:12], conversation_id)
-            return Sandbox(conversation_id=conversation_id, container_id=info.id, folders=folders, created_at=now)
+            return self._remember(
+                Sandbox(conversation_id=conversation_id, container_id=info.id, folders=folders, created_at=now)
+            )
 
     def _adoptable(self, conversation_id: str, now: float) -> ContainerInfo | None:
         """The newest usable container of this conversation; every other one is removed."""
@@ -204,7 +209,19 @@ class SandboxManager:
             return f"older than max_lifetime_s={self.policy.sandbox.max_lifetime_s}"
         return None
 
+    def _remember(self, sandbox: Sandbox) -> Sandbox:
+        self._known[sandbox.conversation_id] = sandbox
+        return sandbox
+
+    def forget(self, conversation_id: str) -> None:
+        """Drop what this process knows of the conversation's sandbox; the next use asks the engine."""
+        self._known.pop(conversation_id, None)
+
     def _remove(self, info: ContainerInfo, reason: str) -> Removal:
+        conversation = info.labels.get(LABEL_CONVERSATION)
+        known = self._known.get(conversation or "")
+        if known is not None and known.container_id == info.id:
+            self.forget(known.conversation_id)
         self.backend.remove(info.id)
         self.state.mark_removed(info.id, reason)
         logger.info("removed sandbox %s: %s", info.id[:12], reason)

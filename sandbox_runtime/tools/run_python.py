@@ -26,7 +26,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from sandbox_runtime.errors import PathNotFound, PathRejected, SandboxRuntimeError
+from sandbox_runtime.errors import PathNotFound, PathRejected, SandboxGone, SandboxRuntimeError
 from sandbox_runtime.policy import Policy
 from sandbox_runtime.sandbox.backend import ExecRequest, ExecResult
 from sandbox_runtime.sandbox.manager import Sandbox, SandboxManager
@@ -162,29 +162,35 @@ def run_python(
             return _quota_result(root, args, usage.used_bytes, usage.limit_bytes, run_number)
         oom_before = manager.backend.oom_kill_count(sandbox.container_id)
         caps = (policy.run.stdout_max_bytes, policy.run.stderr_max_bytes)
-        result = manager.backend.exec(
-            sandbox.container_id,
-            ExecRequest(
-                command=(
-                    PYTHON,
-                    "-I",
-                    RUNNER,
-                    f"{timeout_s:g}",
-                    f"{policy.run.kill_grace_s:g}",
-                    str(caps[0]),
-                    str(caps[1]),
-                    PYTHON,
-                    script,
-                    *args.args,
-                ),
-                user=code_user(policy),
-                environment=exec_environment(policy),
-                working_dir=policy.sandbox.results_mount_path,
-                stdout_max_bytes=caps[0] + _HOST_CAP_MARGIN_BYTES,
-                stderr_max_bytes=caps[1] + _HOST_CAP_MARGIN_BYTES,
-                deadline_s=timeout_s + policy.run.kill_grace_s + _HOST_DEADLINE_MARGIN_S,
+        request = ExecRequest(
+            command=(
+                PYTHON,
+                "-I",
+                "-S",
+                RUNNER,
+                f"{timeout_s:g}",
+                f"{policy.run.kill_grace_s:g}",
+                str(caps[0]),
+                str(caps[1]),
+                PYTHON,
+                script,
+                *args.args,
             ),
+            user=code_user(policy),
+            environment=exec_environment(policy),
+            working_dir=policy.sandbox.results_mount_path,
+            stdout_max_bytes=caps[0] + _HOST_CAP_MARGIN_BYTES,
+            stderr_max_bytes=caps[1] + _HOST_CAP_MARGIN_BYTES,
+            deadline_s=timeout_s + policy.run.kill_grace_s + _HOST_DEADLINE_MARGIN_S,
         )
+        try:
+            result = manager.backend.exec(sandbox.container_id, request)
+        except SandboxGone:
+            # removed or stopped from outside since this process last used it: nothing ran; start afresh
+            logger.info("sandbox of %s is gone; starting a new one", conversation_id)
+            manager.forget(conversation_id)
+            sandbox = manager.get_or_create(conversation_id)
+            result = manager.backend.exec(sandbox.container_id, request)
         if result.over_cap is not None or result.deadline_hit:
             # the runner did not stop the run itself (the code got around it): end every process at once
             logger.warning(
