@@ -26,11 +26,11 @@ engine_answers() { timeout 10 docker info >/dev/null 2>&1; }
 
 start_engine() {
   apt_install docker.io runsc
-  if [ ! -f /etc/docker/daemon.json ]; then
-    as_root mkdir -p /etc/docker
-    printf '%s\n' '{"runtimes": {"runsc": {"path": "/usr/bin/runsc", "runtimeArgs": ["--network=none"]}}}' \
-      | as_root tee /etc/docker/daemon.json >/dev/null
-  fi
+  # our own engine gets its own config file, so /etc/docker/daemon.json (if any) is never touched:
+  # gVisor registered with no network and with Docker's seccomp profile enforced inside the sandbox too
+  as_root mkdir -p /etc/sandbox-runtime
+  printf '%s\n' '{"runtimes": {"runsc": {"path": "/usr/bin/runsc", "runtimeArgs": ["--network=none", "--oci-seccomp"]}}}' \
+    | as_root tee /etc/sandbox-runtime/dockerd.json >/dev/null
   if ! pgrep -x dockerd >/dev/null && [ -f /var/run/docker.pid ]; then
     log "removing a stale /var/run/docker.pid"
     as_root rm -f /var/run/docker.pid
@@ -38,7 +38,8 @@ start_engine() {
   if ! pgrep -x dockerd >/dev/null; then
     log "starting dockerd (no default bridge, no iptables)"
     as_root mkdir -p /var/log
-    as_root setsid nohup dockerd --bridge=none --iptables=false >/var/log/sandbox-runtime-dockerd.log 2>&1 </dev/null &
+    as_root setsid nohup dockerd --config-file /etc/sandbox-runtime/dockerd.json --bridge=none --iptables=false \
+      >/var/log/sandbox-runtime-dockerd.log 2>&1 </dev/null &
   fi
   for _ in $(seq 1 60); do engine_answers && return 0; sleep 1; done
   log "the Docker engine did not answer within 60 s; see /var/log/sandbox-runtime-dockerd.log"

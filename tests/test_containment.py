@@ -3,7 +3,9 @@
 Every test runs hostile code through ``run_python`` in its own conversation, has the code print one JSON line
 describing what it observed, and asserts on that observation (and on the run's status). Every test runs under
 runc and under runsc (gVisor) through the ``containment_policy`` fixture; where the two kernels legitimately
-differ, the difference is stated at the assertion.
+differ, the difference is stated at the assertion. Rows the product does not meet under runsc are strict xfails
+whose reason says what was seen (GVISOR_SANDBOX_DEATH). Where the runtime's fail-closed self-check refuses runsc
+on this host (e.g. runsc registered without ``--oci-seccomp``), the runsc tests are skipped, and fail under CI.
 """
 
 from __future__ import annotations
@@ -20,15 +22,24 @@ from typing import Any
 
 import pytest
 
-from sandbox_runtime.policy import Policy, policy_from_mapping
+from sandbox_runtime.policy import Policy
 from sandbox_runtime.runtime import Conversation, Runtime
 from sandbox_runtime.sandbox.profile import exec_environment
 from sandbox_runtime.tools.run_python import RunPythonResult
 
 RuntimeFactory = Callable[..., Runtime]
 
-MiB = 1024 * 1024
 SIGABRT_EXIT = 128 + 6
+
+# A product bug seen under runsc (gVisor release 20221219 on cgroup v1), kept as a strict xfail so a fix shows up
+GVISOR_SANDBOX_DEATH = (
+    "runsc: an OOM or the pids limit kills the whole gVisor sandbox. On a fresh sandbox the exec stream then "
+    "stays open until the host backstop (timeout_s + kill_grace_s + 15 s) and the run is reported as "
+    "'timeout' (the container's cgroup is already gone, so oom_kill_count() is None); when the exec does "
+    "return (exit 128, 'urpc method \"containerManager.WaitPID\" failed: EOF') the dead sandbox is kept, "
+    "Docker still reports it running, and the next run fails with exit 126 'OCI runtime exec failed: ... in "
+    "state stopped'"
+)
 
 
 # helpers -----------------------------------------------------------------------------------------------------
@@ -36,19 +47,23 @@ def _is_gvisor(policy: Policy) -> bool:
     return policy.sandbox.runtime == "runsc"
 
 
-def _with_limits(
-    policy: Policy, *, limits: dict[str, object] | None = None, run: dict[str, object] | None = None
-) -> Policy:
-    """The given policy with some limits replaced (validated like a policy file)."""
-    data = policy.model_dump(mode="json")
-    data["sandbox"]["limits"].update(limits or {})
-    data["run"].update(run or {})
-    return policy_from_mapping(data, source="(test)")
+def _xfail_under_gvisor(request: pytest.FixtureRequest, policy: Policy, reason: str) -> None:
+    if _is_gvisor(policy):
+        request.applymarker(pytest.mark.xfail(strict=True, reason=reason))
 
 
-def _conversation(runtime_factory: RuntimeFactory, policy: Policy, name: str) -> tuple[Runtime, Conversation]:
+def _runtime(runtime_factory: RuntimeFactory, policy: Policy) -> Runtime:
+    """A runtime whose fail-closed self-check passed (its report is kept, so no second canary starts)."""
     runtime = runtime_factory(policy)
-    return runtime, runtime.conversation(f"{name}-{uuid.uuid4().hex[:8]}")
+    report = runtime.doctor()
+    if not report.ok and _is_gvisor(policy) and not os.environ.get("CI"):
+        pytest.skip(f"runsc is registered, but the runtime refuses it on this host: {report.summary()}")
+    assert report.ok, report.summary()
+    return runtime
+
+
+def _conversation(runtime_factory: RuntimeFactory, policy: Policy, name: str) -> Conversation:
+    return _runtime(runtime_factory, policy).conversation(f"{name}-{uuid.uuid4().hex[:8]}")
 
 
 def _run(conversation: Conversation, code: str, **kwargs: Any) -> RunPythonResult:
@@ -78,7 +93,7 @@ def _assert_next_run_ok(conversation: Conversation) -> None:
 # Escape ------------------------------------------------------------------------------------------------------
 @pytest.mark.docker
 def test_code_cannot_create_a_user_namespace(runtime_factory: RuntimeFactory, containment_policy: Policy) -> None:
-    _, conversation = _conversation(runtime_factory, containment_policy, "userns")
+    conversation = _conversation(runtime_factory, containment_policy, "userns")
     seen = _ok_json(
         conversation,
         """
@@ -86,7 +101,7 @@ def test_code_cannot_create_a_user_namespace(runtime_factory: RuntimeFactory, co
         libc = ctypes.CDLL(None, use_errno=True)
         rc = libc.unshare(0x10000000)  # CLONE_NEWUSER
         print(json.dumps({"rc": rc, "errno": ctypes.get_errno()}))
-    """,
+        """,
     )
     assert seen["rc"] == -1, seen
     if _is_gvisor(containment_policy):
@@ -99,7 +114,7 @@ def test_code_cannot_create_a_user_namespace(runtime_factory: RuntimeFactory, co
 def test_code_is_refused_mount_keyctl_bpf_setns_and_ptrace_of_pid_1(
     runtime_factory: RuntimeFactory, containment_policy: Policy
 ) -> None:
-    _, conversation = _conversation(runtime_factory, containment_policy, "syscalls")
+    conversation = _conversation(runtime_factory, containment_policy, "syscalls")
     seen = _ok_json(
         conversation,
         """
@@ -127,7 +142,7 @@ def test_code_is_refused_mount_keyctl_bpf_setns_and_ptrace_of_pid_1(
             "ptrace": call(101, L(16), L(1), L(0), L(0)),  # PTRACE_ATTACH to pid 1
         }
         print(json.dumps(out))
-    """,
+        """,
     )
     assert set(seen) == {"mount", "keyctl", "bpf", "setns", "ptrace"}
     for name, outcome in seen.items():
@@ -139,7 +154,7 @@ def test_code_is_refused_mount_keyctl_bpf_setns_and_ptrace_of_pid_1(
 def test_code_runs_with_no_capabilities_no_new_privileges_and_seccomp(
     runtime_factory: RuntimeFactory, containment_policy: Policy
 ) -> None:
-    _, conversation = _conversation(runtime_factory, containment_policy, "status")
+    conversation = _conversation(runtime_factory, containment_policy, "status")
     seen = _ok_json(
         conversation,
         """
@@ -150,23 +165,24 @@ def test_code_runs_with_no_capabilities_no_new_privileges_and_seccomp(
                 key, _, value = line.partition(":")
                 fields[key] = value.strip()
         print(json.dumps(fields))
-    """,
+        """,
     )
-    for cap in ("CapEff", "CapPrm", "CapAmb"):
+    for cap in ("CapEff", "CapPrm", "CapBnd"):
         assert int(seen[cap], 16) == 0, (cap, seen[cap])
+    assert int(seen.get("CapAmb", "0"), 16) == 0, seen  # gVisor's kernel reports no ambient set
     assert seen["Uid"].split()[0] == str(containment_policy.sandbox.uid), seen["Uid"]
+    assert seen["Seccomp"] == "2", seen  # under runsc only with --oci-seccomp (else the self-check refuses it)
     if not _is_gvisor(containment_policy):
-        # gVisor's /proc/self/status describes its own kernel: it applies no-new-privileges and filters
-        # syscalls in the sentry, but does not report them in these fields the way Linux does
+        # Meaningless under gVisor: its /proc/self/status describes gVisor's own kernel, which has no NoNewPrivs
+        # field (no-new-privileges is still set on the container; the self-check verifies that on the host)
         assert seen["NoNewPrivs"] == "1", seen
-        assert seen["Seccomp"] == "2", seen
 
 
 @pytest.mark.docker
 def test_code_cannot_write_the_root_filesystem_etc_or_proc_sys(
     runtime_factory: RuntimeFactory, containment_policy: Policy
 ) -> None:
-    _, conversation = _conversation(runtime_factory, containment_policy, "rofs")
+    conversation = _conversation(runtime_factory, containment_policy, "rofs")
     seen = _ok_json(
         conversation,
         """
@@ -190,7 +206,7 @@ def test_code_cannot_write_the_root_filesystem_etc_or_proc_sys(
             "/etc/passwd": attempt("/etc/passwd", os.O_WRONLY | os.O_APPEND),
             "/proc/sys/kernel/hostname": attempt("/proc/sys/kernel/hostname", os.O_WRONLY | os.O_TRUNC),
         }))
-    """,
+        """,
     )
     refused = {errno.EROFS, errno.EACCES, errno.EPERM}
     assert len(seen) == 4
@@ -205,7 +221,7 @@ def test_code_sees_only_the_allow_listed_environment_and_no_host_secret(
     secret_name = f"SANDBOX_TEST_HOST_SECRET_{uuid.uuid4().hex[:8].upper()}"
     secret_value = f"host-secret-{uuid.uuid4().hex}"
     monkeypatch.setenv(secret_name, secret_value)
-    _, conversation = _conversation(runtime_factory, containment_policy, "env")
+    conversation = _conversation(runtime_factory, containment_policy, "env")
     seen = _ok_json(
         conversation,
         """
@@ -218,7 +234,7 @@ def test_code_sees_only_the_allow_listed_environment_and_no_host_secret(
             except OSError as exc:
                 environs[pid] = exc.errno
         print(json.dumps({"env": dict(os.environ), "environs": environs}))
-    """,
+        """,
     )
     # Docker itself adds HOSTNAME (the container's fixed hostname, "sandbox", not the host's) to every exec
     env = dict(seen["env"])
@@ -231,21 +247,27 @@ def test_code_sees_only_the_allow_listed_environment_and_no_host_secret(
             continue  # not readable: nothing leaks through it
         assert secret_name not in environ, pid
         assert secret_value not in environ, pid
-    for host_key in ("HOSTNAME", "USER", "SSH_AUTH_SOCK", "DOCKER_HOST", "VIRTUAL_ENV", "PWD"):
-        if host_key in os.environ and host_key not in exec_environment(containment_policy):
-            assert f"{host_key}={os.environ[host_key]}" not in str(seen), host_key
+    allowed = exec_environment(containment_policy)
+    readable = [environ for environ in seen["environs"].values() if isinstance(environ, str)]
+    leaked = [
+        key
+        for key, value in os.environ.items()
+        if allowed.get(key) != value
+        and (seen["env"].get(key) == value or any(f"\0{key}={value}\0" in "\0" + environ for environ in readable))
+    ]
+    assert leaked == [], leaked  # no variable of the test process, with its value, is seen inside
 
 
 @pytest.mark.docker
 def test_code_sees_only_the_loopback_interface(runtime_factory: RuntimeFactory, containment_policy: Policy) -> None:
-    _, conversation = _conversation(runtime_factory, containment_policy, "netif")
+    conversation = _conversation(runtime_factory, containment_policy, "netif")
     seen = _ok_json(
         conversation,
         """
         import json, os, socket
         print(json.dumps({"sys": sorted(os.listdir("/sys/class/net")),
                           "if_nameindex": sorted(name for _, name in socket.if_nameindex())}))
-    """,
+        """,
     )
     assert seen["sys"] == ["lo"], seen
     assert seen["if_nameindex"] == ["lo"], seen
@@ -267,7 +289,7 @@ def test_code_cannot_connect_to_a_listener_on_the_host_loopback(
     runtime_factory: RuntimeFactory, containment_policy: Policy, host_listener: socket.socket
 ) -> None:
     port = host_listener.getsockname()[1]
-    _, conversation = _conversation(runtime_factory, containment_policy, "hostlo")
+    conversation = _conversation(runtime_factory, containment_policy, "hostlo")
     seen = _ok_json(
         conversation,
         """
@@ -284,7 +306,7 @@ def test_code_cannot_connect_to_a_listener_on_the_host_loopback(
             except OSError as exc:
                 outcomes[address] = exc.errno if exc.errno is not None else repr(exc)
         print(json.dumps(outcomes))
-    """,
+        """,
         args=[str(port)],
         timeout_s=30,
     )
@@ -297,17 +319,18 @@ def test_code_cannot_connect_to_a_listener_on_the_host_loopback(
 # Resources ---------------------------------------------------------------------------------------------------
 @pytest.mark.docker
 def test_fork_bomb_meets_the_pids_limit_and_the_next_run_works(
-    runtime_factory: RuntimeFactory, containment_policy: Policy
+    runtime_factory: RuntimeFactory, containment_policy: Policy, request: pytest.FixtureRequest
 ) -> None:
+    _xfail_under_gvisor(request, containment_policy, GVISOR_SANDBOX_DEATH)
     pids_max = containment_policy.sandbox.limits.pids_max
-    _, conversation = _conversation(runtime_factory, containment_policy, "forkbomb")
+    timeout_s = 5.0
+    conversation = _conversation(runtime_factory, containment_policy, "forkbomb")
     result = _run(
         conversation,
         """
-        import errno, json, os, sys, time
-        bound = int(sys.argv[1])
+        import json, os, sys, time
         forked, error = 0, None
-        for _ in range(bound):
+        for _ in range(int(sys.argv[1])):
             try:
                 pid = os.fork()
             except OSError as exc:
@@ -318,26 +341,30 @@ def test_fork_bomb_meets_the_pids_limit_and_the_next_run_works(
                 os._exit(0)
             forked += 1
         print(json.dumps({"forked": forked, "error": error}), flush=True)
-    """,
+        """,
         args=[str(pids_max * 4)],
-        timeout_s=60,
+        timeout_s=timeout_s,
     )
+    # the run ends by itself (or by the runner at its limit), never only by the host's backstop
+    assert result.duration_s < timeout_s + containment_policy.run.kill_grace_s + 5, result
     assert result.status in {"ok", "error", "timeout", "memory_limit"}, result
     if result.stdout.strip():
         seen = _observed(result)
         assert seen["error"] == {"type": "BlockingIOError", "errno": errno.EAGAIN}, seen
         assert 0 < seen["forked"] < pids_max, seen
     else:
-        # gVisor may end the whole sandbox when the limit is met instead of returning EAGAIN
+        # gVisor may end the whole sandbox at the limit instead of returning EAGAIN; the host is unaffected
+        # and the conversation must carry on (the next run below)
         assert _is_gvisor(containment_policy), (result.status, result.exit_code, result.stderr[-2000:])
     _assert_next_run_ok(conversation)
 
 
 @pytest.mark.docker
 def test_allocating_10_gb_ends_the_run_with_memory_limit(
-    runtime_factory: RuntimeFactory, containment_policy: Policy
+    runtime_factory: RuntimeFactory, containment_policy: Policy, request: pytest.FixtureRequest
 ) -> None:
-    _, conversation = _conversation(runtime_factory, containment_policy, "oom")
+    _xfail_under_gvisor(request, containment_policy, GVISOR_SANDBOX_DEATH)
+    conversation = _conversation(runtime_factory, containment_policy, "oom")
     result = _run(
         conversation,
         """
@@ -345,8 +372,8 @@ def test_allocating_10_gb_ends_the_run_with_memory_limit(
         for _ in range(10 * 1024 // 64):  # 10 GB in 64 MiB pieces, every page written
             chunks.append(b"\\x01" * (64 * 1024 * 1024))
         print("allocated", len(chunks))
-    """,
-        timeout_s=60,
+        """,
+        timeout_s=3,  # 512 MiB are filled well within this; a kill by the clock would be a wrong status
     )
     assert result.status == "memory_limit", (result.status, result.exit_code, result.stderr[-2000:])
     assert "allocated" not in result.stdout
@@ -355,9 +382,10 @@ def test_allocating_10_gb_ends_the_run_with_memory_limit(
 
 @pytest.mark.docker
 def test_a_child_killed_for_memory_is_reported_even_when_the_parent_exits_0(
-    runtime_factory: RuntimeFactory, containment_policy: Policy
+    runtime_factory: RuntimeFactory, containment_policy: Policy, request: pytest.FixtureRequest
 ) -> None:
-    _, conversation = _conversation(runtime_factory, containment_policy, "childoom")
+    _xfail_under_gvisor(request, containment_policy, GVISOR_SANDBOX_DEATH)
+    conversation = _conversation(runtime_factory, containment_policy, "childoom")
     result = _run(
         conversation,
         """
@@ -365,13 +393,15 @@ def test_a_child_killed_for_memory_is_reported_even_when_the_parent_exits_0(
         hog = "chunks = [b'\\\\x01' * (64 * 1024 * 1024) for _ in range(10 * 1024 // 64)]"
         child = subprocess.run([sys.executable, "-c", hog], check=False)
         print(json.dumps({"child_returncode": child.returncode}))
-    """,
-        timeout_s=60,
+        """,
+        timeout_s=3,
     )
-    seen = _observed(result)
-    assert seen["child_returncode"] == -9, seen  # SIGKILL from the OOM killer
-    assert result.exit_code == 0, result
-    assert result.status == "memory_limit", (result.status, result.stderr[-2000:])
+    assert result.status == "memory_limit", (result.status, result.exit_code, result.stderr[-2000:])
+    # under gVisor an OOM may end the whole sandbox, parent included: then the status is what must still hold
+    if result.stdout.strip() or not _is_gvisor(containment_policy):
+        assert _observed(result) == {"child_returncode": -9}  # SIGKILL from the OOM killer
+        assert result.exit_code == 0, result
+    _assert_next_run_ok(conversation)
 
 
 @pytest.mark.docker
@@ -379,7 +409,7 @@ def test_filling_tmp_fails_with_enospc_at_the_tmpfs_size(
     runtime_factory: RuntimeFactory, containment_policy: Policy
 ) -> None:
     tmpfs_bytes = containment_policy.sandbox.limits.tmpfs_bytes
-    _, conversation = _conversation(runtime_factory, containment_policy, "tmpfull")
+    conversation = _conversation(runtime_factory, containment_policy, "tmpfull")
     seen = _ok_json(
         conversation,
         """
@@ -396,7 +426,7 @@ def test_filling_tmp_fails_with_enospc_at_the_tmpfs_size(
                     break
         os.remove("/tmp/fill")
         print(json.dumps({"errno": err, "written": written}))
-    """,
+        """,
         args=[str(4 * tmpfs_bytes)],
         timeout_s=60,
     )
@@ -408,18 +438,24 @@ def test_filling_tmp_fails_with_enospc_at_the_tmpfs_size(
 def test_printing_forever_ends_with_output_limit_and_capped_stdout(
     runtime_factory: RuntimeFactory, containment_policy: Policy
 ) -> None:
-    _, conversation = _conversation(runtime_factory, containment_policy, "flood")
+    conversation = _conversation(runtime_factory, containment_policy, "flood")
     result = _run(
         conversation,
         """
         while True:
             print("flood " * 20)
-    """,
+        """,
         timeout_s=60,
     )
     cap = containment_policy.run.stdout_max_bytes
     assert result.status == "output_limit", (result.status, result.exit_code, result.stderr[-2000:])
     assert 0 < len(result.stdout.encode()) <= cap
+    assert cap < result.stdout_bytes <= cap + 1, result.stdout_bytes  # the runner relays cap + 1, then kills
+    assert result.output_path is not None
+    saved = conversation.folders.results / Path(result.output_path).relative_to(
+        containment_policy.sandbox.results_mount_path
+    )
+    assert 0 < saved.stat().st_size <= cap
     assert result.stdout.startswith("flood ")
     _assert_next_run_ok(conversation)
 
@@ -428,7 +464,7 @@ def test_printing_forever_ends_with_output_limit_and_capped_stdout(
 def test_a_busy_loop_ignoring_sigterm_is_killed_at_the_timeout(
     runtime_factory: RuntimeFactory, containment_policy: Policy
 ) -> None:
-    _, conversation = _conversation(runtime_factory, containment_policy, "busy")
+    conversation = _conversation(runtime_factory, containment_policy, "busy")
     timeout_s = 2.0
     result = _run(
         conversation,
@@ -438,7 +474,7 @@ def test_a_busy_loop_ignoring_sigterm_is_killed_at_the_timeout(
         print("spinning", flush=True)
         while True:
             pass
-    """,
+        """,
         timeout_s=timeout_s,
     )
     assert result.status == "timeout", (result.status, result.exit_code, result.stderr[-2000:])
@@ -449,14 +485,14 @@ def test_a_busy_loop_ignoring_sigterm_is_killed_at_the_timeout(
 
 @pytest.mark.docker
 def test_sleeping_forever_is_killed_at_the_timeout(runtime_factory: RuntimeFactory, containment_policy: Policy) -> None:
-    _, conversation = _conversation(runtime_factory, containment_policy, "sleeper")
+    conversation = _conversation(runtime_factory, containment_policy, "sleeper")
     timeout_s = 1.0
     result = _run(
         conversation,
         """
         import time
         time.sleep(10**6)
-    """,
+        """,
         timeout_s=timeout_s,
     )
     assert result.status == "timeout", (result.status, result.exit_code, result.stderr[-2000:])
@@ -465,7 +501,7 @@ def test_sleeping_forever_is_killed_at_the_timeout(runtime_factory: RuntimeFacto
 
 @pytest.mark.docker
 def test_opening_10000_files_fails_with_emfile(runtime_factory: RuntimeFactory, containment_policy: Policy) -> None:
-    _, conversation = _conversation(runtime_factory, containment_policy, "fds")
+    conversation = _conversation(runtime_factory, containment_policy, "fds")
     seen = _ok_json(
         conversation,
         """
@@ -481,7 +517,7 @@ def test_opening_10000_files_fails_with_emfile(runtime_factory: RuntimeFactory, 
             os.close(fd)
         print(json.dumps({"errno": err, "opened": len(fds),
                           "limit": list(resource.getrlimit(resource.RLIMIT_NOFILE))}))
-    """,
+        """,
         timeout_s=60,
     )
     limit = containment_policy.sandbox.limits.open_files_max
@@ -509,13 +545,14 @@ def _host_processes_with(marker: str) -> list[int]:
 def test_a_double_forked_daemon_is_gone_when_the_run_ends(
     runtime_factory: RuntimeFactory, containment_policy: Policy
 ) -> None:
-    marker = f"daemon-marker-{uuid.uuid4().hex}"
-    _, conversation = _conversation(runtime_factory, containment_policy, "daemon")
+    token = uuid.uuid4().hex  # the runner's and the script's own command lines hold only the bare token
+    marker = f"daemon-marker-{token}"
+    conversation = _conversation(runtime_factory, containment_policy, "daemon")
     started = _ok_json(
         conversation,
         """
         import json, os, sys, time
-        marker = sys.argv[1]
+        marker = "daemon-marker-" + sys.argv[1]
         def daemons():
             found = []
             for name in os.listdir("/proc"):
@@ -537,11 +574,11 @@ def test_a_double_forked_daemon_is_gone_when_the_run_ends(
         while not daemons() and time.monotonic() < deadline:
             time.sleep(0.05)
         print(json.dumps({"daemons": daemons()}))
-    """,
-        args=[marker],
+        """,
+        args=[token],
         timeout_s=30,
     )
-    assert started["daemons"], "the daemon never started, so the test would prove nothing"
+    assert len(started["daemons"]) == 1, "the daemon never started, so the test would prove nothing"
     if not _is_gvisor(containment_policy):
         # under runc the sandbox's processes are host processes: the daemon must already be gone, before the
         # next run's own clean-up could hide a miss (under gVisor they live inside the sentry, out of sight)
@@ -564,7 +601,7 @@ def test_a_double_forked_daemon_is_gone_when_the_run_ends(
             processes.append({"pid": int(name), "uid": int(fields["Uid"].split()[0]),
                               "state": fields["State"].split()[0], "cmdline": cmdline})
         print(json.dumps({"me": os.getpid(), "processes": processes}))
-    """,
+        """,
         timeout_s=30,
     )
     code_uid = containment_policy.sandbox.uid
@@ -581,13 +618,13 @@ def test_a_double_forked_daemon_is_gone_when_the_run_ends(
 
 @pytest.mark.docker
 def test_abort_leaves_no_core_file(runtime_factory: RuntimeFactory, containment_policy: Policy) -> None:
-    _, conversation = _conversation(runtime_factory, containment_policy, "abort")
+    conversation = _conversation(runtime_factory, containment_policy, "abort")
     seen = _ok_json(
         conversation,
         """
         import json, resource
         print(json.dumps({"core": list(resource.getrlimit(resource.RLIMIT_CORE))}))
-    """,
+        """,
     )
     assert seen["core"] == [0, 0], seen
     result = _run(
@@ -596,7 +633,7 @@ def test_abort_leaves_no_core_file(runtime_factory: RuntimeFactory, containment_
         import os
         print("aborting", flush=True)
         os.abort()
-    """,
+        """,
         timeout_s=30,
     )
     assert result.status == "error", (result.status, result.exit_code, result.stderr[-2000:])
@@ -610,7 +647,7 @@ def test_abort_leaves_no_core_file(runtime_factory: RuntimeFactory, containment_
             for folder, _, files in os.walk(top):
                 names += [os.path.join(folder, name) for name in files]
         print(json.dumps({"files": names}))
-    """,
+        """,
     )
     assert not [name for name in listing["files"] if os.path.basename(name).startswith("core")], listing
     results = conversation.folders.results
@@ -622,7 +659,7 @@ def test_abort_leaves_no_core_file(runtime_factory: RuntimeFactory, containment_
 def test_two_conversations_cannot_see_each_others_results(
     runtime_factory: RuntimeFactory, containment_policy: Policy
 ) -> None:
-    runtime = runtime_factory(containment_policy)
+    runtime = _runtime(runtime_factory, containment_policy)
     suffix = uuid.uuid4().hex[:8]
     first, second = runtime.conversation(f"alice-{suffix}"), runtime.conversation(f"bob-{suffix}")
     marker = f"private-{uuid.uuid4().hex}"
@@ -634,7 +671,7 @@ def test_two_conversations_cannot_see_each_others_results(
         with open(path, "w") as handle:
             handle.write(sys.argv[1])
         print(json.dumps({"path": path}))
-    """,
+        """,
         args=[marker],
     )
     host_file = first.folders.results / f"{marker}.txt"
@@ -649,7 +686,7 @@ def test_two_conversations_cannot_see_each_others_results(
                 found += [os.path.join(folder, name) for name in dirs + files]
         print(json.dumps({"found": found, "same_path_exists": os.path.exists(sys.argv[2]),
                           "host_path_exists": os.path.exists(sys.argv[3])}))
-    """,
+        """,
         args=[marker, written["path"], str(host_file)],
     )
     assert not [name for name in seen["found"] if marker in name], seen["found"]

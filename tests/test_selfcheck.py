@@ -37,6 +37,7 @@ def healthy_probe() -> dict[str, Any]:
         "interfaces": ["lo"],
         "loopback_host_listener": "ECONNREFUSED",
         "env_keys": sorted(exec_environment(POLICY)),
+        "user_namespace": "EPERM",
         **{f"import_{m}": True for m in ("openpyxl", "docx", "pptx", "defusedxml")},
         **{f"import_{m}": False for m in ("pip", "numpy", "pandas")},
     }
@@ -68,6 +69,7 @@ def test_a_healthy_canary_passes_every_check() -> None:
         ({"loopback_host_listener": "connected"}, "host loopback"),
         ({"env_keys": ["AWS_SECRET_ACCESS_KEY", "HOME"]}, "environment"),
         ({"import_pip": True}, "executor packages"),
+        ({"user_namespace": "allowed"}, "user namespaces"),
     ],
 )
 def test_each_missing_protection_fails_its_check_with_a_fix(change: dict[str, Any], check: str) -> None:

@@ -9,6 +9,8 @@ holds it open) runs under a second non-root uid, so the code can neither signal 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from sandbox_runtime.policy import Policy
 from sandbox_runtime.sandbox.backend import BindMount, ContainerSpec
 
@@ -26,6 +28,7 @@ __all__ = [
     "code_user",
     "container_spec",
     "exec_environment",
+    "runner_command",
 ]
 
 LABEL_RUNTIME = "io.sandbox-runtime.managed"
@@ -65,6 +68,26 @@ def code_user(policy: Policy) -> str:
 def exec_environment(policy: Policy) -> dict[str, str]:
     """The complete environment of code in the sandbox: an allow-list, nothing from the host."""
     return dict(_ENV_ALLOW_LIST, SANDBOX_RESULTS=policy.sandbox.results_mount_path)
+
+
+_GVISOR_PIDS_RESERVE = 64  # threads of gVisor's own kernel that count against the container's pids limit
+
+
+def runner_command(policy: Policy, timeout_s: float, program: Sequence[str]) -> tuple[str, ...]:
+    """The exec command that runs ``program`` under the in-sandbox runner (confinement, caps, time limit)."""
+    nproc_max = policy.sandbox.limits.pids_max - _GVISOR_PIDS_RESERVE if policy.sandbox.runtime == "runsc" else 0
+    return (
+        PYTHON,
+        "-I",
+        "-S",
+        RUNNER,
+        f"{timeout_s:g}",
+        f"{policy.run.kill_grace_s:g}",
+        str(policy.run.stdout_max_bytes),
+        str(policy.run.stderr_max_bytes),
+        str(nproc_max),
+        *program,
+    )
 
 
 def container_spec(policy: Policy, image: str, results_host_path: str, labels: dict[str, str]) -> ContainerSpec:

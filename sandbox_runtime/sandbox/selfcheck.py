@@ -18,7 +18,7 @@ from pydantic import BaseModel, ConfigDict
 from sandbox_runtime.errors import SandboxError
 from sandbox_runtime.policy import Policy
 from sandbox_runtime.sandbox.backend import ContainerSpec, EngineInfo, ExecRequest, SandboxBackend
-from sandbox_runtime.sandbox.profile import PYTHON, SELFCHECK, code_user, exec_environment
+from sandbox_runtime.sandbox.profile import PYTHON, SELFCHECK, code_user, exec_environment, runner_command
 
 __all__ = ["Check", "SelfCheckReport", "evaluate_probe", "run_self_check"]
 
@@ -118,13 +118,21 @@ def evaluate_probe(
             probe.get("no_new_privs") == "1",
             "the engine ignored security_opt no-new-privileges; upgrade Docker",
         )
-    seccomp_ok = probe.get("seccomp") == "2" or (gvisor and probe.get("seccomp") in ("0", "2"))
     add(
         "seccomp",
-        "Seccomp 2 (filter)" + (" or gVisor's own syscall layer" if gvisor else ""),
+        "Seccomp 2 (a filter: Docker's, and the runner's own)",
         probe.get("seccomp"),
-        seccomp_ok,
-        "start dockerd with its default seccomp profile (no --seccomp-profile=unconfined)",
+        probe.get("seccomp") == "2",
+        "rebuild the image (sandbox-runtime image build --force): the runner installs its own filter"
+        if gvisor
+        else "start dockerd with its default seccomp profile (no --seccomp-profile=unconfined)",
+    )
+    add(
+        "user namespaces",
+        "unshare(CLONE_NEWUSER) refused",
+        probe.get("user_namespace"),
+        probe.get("user_namespace") not in ("allowed", None),
+        "the seccomp filter is missing; rebuild the image (sandbox-runtime image build --force)",
     )
     add(
         "non-root uid",
@@ -264,7 +272,11 @@ def run_self_check(
             result = backend.exec(
                 info.id,
                 ExecRequest(
-                    command=(PYTHON, "-I", SELFCHECK, policy.sandbox.results_mount_path, str(port)),
+                    command=runner_command(
+                        policy,
+                        _PROBE_DEADLINE_S,
+                        (PYTHON, "-I", SELFCHECK, policy.sandbox.results_mount_path, str(port)),
+                    ),
                     user=code_user(policy),
                     environment=exec_environment(policy),
                     working_dir=policy.sandbox.results_mount_path,

@@ -30,7 +30,7 @@ from sandbox_runtime.errors import PathNotFound, PathRejected, SandboxGone, Sand
 from sandbox_runtime.policy import Policy
 from sandbox_runtime.sandbox.backend import ExecRequest, ExecResult
 from sandbox_runtime.sandbox.manager import Sandbox, SandboxManager
-from sandbox_runtime.sandbox.profile import PYTHON, RUNNER, code_user, exec_environment
+from sandbox_runtime.sandbox.profile import PYTHON, code_user, exec_environment, runner_command
 from sandbox_runtime.store.safe_paths import ResultsRoot
 from sandbox_runtime.tools.error_summary import summarize_failure
 
@@ -163,19 +163,7 @@ def run_python(
         oom_before = manager.backend.oom_kill_count(sandbox.container_id)
         caps = (policy.run.stdout_max_bytes, policy.run.stderr_max_bytes)
         request = ExecRequest(
-            command=(
-                PYTHON,
-                "-I",
-                "-S",
-                RUNNER,
-                f"{timeout_s:g}",
-                f"{policy.run.kill_grace_s:g}",
-                str(caps[0]),
-                str(caps[1]),
-                PYTHON,
-                script,
-                *args.args,
-            ),
+            command=runner_command(policy, timeout_s, (PYTHON, script, *args.args)),
             user=code_user(policy),
             environment=exec_environment(policy),
             working_dir=policy.sandbox.results_mount_path,

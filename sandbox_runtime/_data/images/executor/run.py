@@ -1,6 +1,9 @@
 """In-sandbox runner: start one script in its own session, enforce its wall-clock limit, leave no process.
 
-Usage: run.py TIMEOUT_S GRACE_S STDOUT_MAX_BYTES STDERR_MAX_BYTES PROGRAM [ARG...]
+Usage: run.py TIMEOUT_S GRACE_S STDOUT_MAX_BYTES STDERR_MAX_BYTES NPROC_MAX PROGRAM [ARG...]
+
+Before the script starts, its process is confined (``confine.py``: no_new_privs, a seccomp filter, and
+RLIMIT_NPROC when NPROC_MAX > 0); if that fails the script does not run and the exit status is 126.
 
 The container's own command (the keeper) runs under a different uid from the code, so ``kill(-1, ...)``
 from here reaches every process of the code's uid except this runner: processes left by an earlier run
@@ -19,6 +22,7 @@ import time
 
 TIMEOUT_EXIT = 124
 OUTPUT_LIMIT_EXIT = 125
+CONFINE_FAILED_EXIT = 126
 
 
 def _others_exist():
@@ -128,7 +132,8 @@ def main(argv):
     timeout_s = float(argv[1])
     grace_s = float(argv[2])
     caps = (int(argv[3]), int(argv[4]))
-    program = argv[5:]
+    nproc_max = int(argv[5])
+    program = argv[6:]
     sweep(0.0)
     out_read, out_write = os.pipe()
     err_read, err_write = os.pipe()
@@ -140,6 +145,14 @@ def main(argv):
             os.dup2(err_write, 2)
             for fd in (out_read, out_write, err_read, err_write):
                 os.close(fd)
+            try:
+                sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+                import confine  # only the child pays for ctypes
+
+                confine.install(nproc_max)
+            except Exception as exc:
+                os.write(2, f"sandbox-runtime: the sandbox could not confine the script: {exc}\n".encode())
+                os._exit(CONFINE_FAILED_EXIT)
             os.execv(program[0], program)
         finally:
             os._exit(127)

@@ -70,6 +70,15 @@ def _loopback_connect(port):
     return "connected"
 
 
+def _try_user_namespace():
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.unshare(0x10000000) == 0:  # CLONE_NEWUSER
+        return "allowed"
+    return errno.errorcode.get(ctypes.get_errno(), "refused")
+
+
 def main():
     results_path = sys.argv[1]
     host_port = int(sys.argv[2]) if len(sys.argv) > 2 else 0
@@ -111,6 +120,7 @@ def main():
             report["import_" + module] = False
         else:
             report["import_" + module] = True
+    report["user_namespace"] = _try_user_namespace()  # last: if it were allowed, it changes this process
     json.dump(report, sys.stdout)
 
 
