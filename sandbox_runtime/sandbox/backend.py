@@ -93,6 +93,9 @@ class ExecResult(_Model):
     stderr_bytes_total: int
     over_cap: Literal["stdout", "stderr"] | None = None
     deadline_hit: bool = False
+    container_died: bool = Field(False, description="The container's first process ended during the command.")
+    memory_bytes_seen: int | None = Field(None, description="Highest cgroup memory use sampled during the command.")
+    pids_seen: int | None = Field(None, description="Highest cgroup pids count sampled during the command.")
     duration_s: float
 
 

@@ -12,9 +12,9 @@ import os
 import select
 import struct
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 import docker
 import docker.errors
@@ -40,6 +40,8 @@ logger = logging.getLogger(__name__)
 _HEADER = struct.Struct(">BxxxL")
 _STDOUT, _STDERR = 1, 2
 _EXIT_CODE_WAIT_S = 5.0
+_WATCH_INTERVAL_S = 0.2
+_RUNTIME_FAILURE_EXIT = 126  # 126-128: the OCI runtime, not the code, ended the exec
 _CGROUP_ROOT = Path("/sys/fs/cgroup")
 
 
@@ -93,7 +95,7 @@ class DockerBackend(SandboxBackend):
         with _mapped("connect", EngineUnavailable):
             self._client = docker.DockerClient(**kwargs_from_env(environment=env), timeout=int(timeout_s))
         self._api = self._client.api
-        self._cgroup_hint: str | None = None
+        self._host_pids_visible = False
 
     # engine -------------------------------------------------------------------------------------------
     def engine_info(self) -> EngineInfo:
@@ -102,7 +104,6 @@ class DockerBackend(SandboxBackend):
             version = self._api.version()
         runc = (info.get("RuncCommit") or {}).get("ID") or None
         security = tuple(str(item) for item in info.get("SecurityOptions") or ())
-        self._cgroup_hint = f"{info.get('CgroupVersion', '1')}:{info.get('CgroupDriver', 'cgroupfs')}"
         return EngineInfo(
             engine_version=str(version.get("Version", "?")),
             api_version=str(version.get("ApiVersion", "?")),
@@ -258,26 +259,48 @@ class DockerBackend(SandboxBackend):
                 raise
             raw = self._api.exec_start(exec_id, detach=False, tty=False, socket=True)
         sock = getattr(raw, "_sock", raw)
+        watch = self._watch(container_id)
         try:
-            out, err, totals, over_cap, deadline_hit = _read_frames(
-                sock, started + request.deadline_s, request.stdout_max_bytes, request.stderr_max_bytes
+            frames = _read_frames(
+                sock, started + request.deadline_s, (request.stdout_max_bytes, request.stderr_max_bytes), watch
             )
         finally:
             for handle in (raw, sock):
                 with contextlib.suppress(OSError):
                     handle.close()
-        exit_code = None
-        if over_cap is None and not deadline_hit:
-            exit_code = self._exit_code(exec_id)
+        exit_code = self._exit_code(exec_id) if frames.stop == "eof" else None
+        died = frames.stop == "died" or (
+            exit_code is not None and exit_code >= _RUNTIME_FAILURE_EXIT and not watch.alive()
+        )
+        said = bytes(frames.stdout + frames.stderr)
+        if died and exit_code == _RUNTIME_FAILURE_EXIT and said.startswith(b"OCI runtime exec failed"):
+            # the exec never started: the sandbox had ended since its last use (gVisor keeps it "running")
+            raise SandboxGone(f"sandbox {container_id[:12]} has stopped: {said[:300].decode(errors='replace')}")
         return ExecResult(
             exit_code=exit_code,
-            stdout=bytes(out),
-            stderr=bytes(err),
-            stdout_bytes_total=totals[0],
-            stderr_bytes_total=totals[1],
-            over_cap=over_cap,
-            deadline_hit=deadline_hit,
+            stdout=bytes(frames.stdout),
+            stderr=bytes(frames.stderr),
+            stdout_bytes_total=frames.totals[0],
+            stderr_bytes_total=frames.totals[1],
+            over_cap=frames.over_cap,
+            deadline_hit=frames.stop == "deadline",
+            container_died=died,
+            memory_bytes_seen=watch.memory_bytes_seen,
+            pids_seen=watch.pids_seen,
             duration_s=time.monotonic() - started,
+        )
+
+    def _watch(self, container_id: str) -> _Watch:
+        with _mapped("inspect container"):
+            pid = int((self._api.inspect_container(container_id).get("State") or {}).get("Pid") or 0)
+        if not self._host_pids_visible and pid > 0:
+            with contextlib.suppress(OSError):  # visible when the pid's cgroup names the container
+                self._host_pids_visible = container_id in Path(f"/proc/{pid}/cgroup").read_text()
+        return _Watch(
+            pid,
+            self._host_pids_visible,
+            lambda: self._cgroup_file(container_id, "memory", "memory.usage_in_bytes", "memory.current"),
+            lambda: self._cgroup_file(container_id, "pids", "pids.current", "pids.current"),
         )
 
     def _create_exec(self, container_id: str, request: ExecRequest) -> str:
@@ -352,25 +375,83 @@ class DockerBackend(SandboxBackend):
         self._client.close()
 
 
-def _read_frames(
-    sock: Any, deadline: float, stdout_cap: int, stderr_cap: int
-) -> tuple[bytearray, bytearray, list[int], Literal["stdout", "stderr"] | None, bool]:
-    """Demultiplex Docker's attach stream until EOF, a cap, or the deadline."""
+class _Watch:
+    """Watches a container during an exec: is its first process alive, how much memory and how many pids.
+
+    gVisor can end a whole sandbox (memory or pids exhausted) while Docker still calls it running and the
+    exec stream stays open; the first process's disappearance from the host's /proc shows it. The cgroup goes
+    with the sandbox, so memory and pids are sampled while it lives. Where the engine's processes are not
+    visible (Docker Desktop's VM, rootless engines) ``alive`` always answers True.
+    """
+
+    def __init__(
+        self, pid: int, visible: bool, memory: Callable[[], str | None], pids: Callable[[], str | None]
+    ) -> None:
+        self._proc = Path(f"/proc/{pid}")
+        self._visible = visible
+        try:
+            self._started = self._proc.stat().st_ctime
+        except OSError:
+            self._started = -1.0  # already gone
+        self._memory, self._pids = memory, pids
+        self._last = 0.0
+        self.memory_bytes_seen: int | None = None
+        self.pids_seen: int | None = None
+
+    def alive(self) -> bool:
+        if not self._visible:
+            return True
+        try:
+            return self._proc.stat().st_ctime == self._started
+        except OSError:
+            return False
+
+    def due(self) -> bool:
+        return time.monotonic() - self._last >= _WATCH_INTERVAL_S
+
+    def sample(self) -> bool:
+        """Record memory and pids; False when the container's first process is gone."""
+        self._last = time.monotonic()
+        for reader, name in ((self._memory, "memory_bytes_seen"), (self._pids, "pids_seen")):
+            text = reader()
+            if text and text.isdigit():
+                setattr(self, name, max(int(text), getattr(self, name) or 0))
+        return self.alive()
+
+
+class _Frames(NamedTuple):
+    stdout: bytearray
+    stderr: bytearray
+    totals: tuple[int, int]
+    over_cap: Literal["stdout", "stderr"] | None
+    stop: Literal["eof", "cap", "deadline", "died"]
+
+
+def _read_frames(sock: Any, deadline: float, caps: tuple[int, int], watch: _Watch) -> _Frames:
+    """Demultiplex Docker's attach stream until EOF, a cap, the deadline, or the container's death."""
     buffers = {_STDOUT: bytearray(), _STDERR: bytearray()}
-    caps = {_STDOUT: stdout_cap, _STDERR: stderr_cap}
+    limits = {_STDOUT: caps[0], _STDERR: caps[1]}
     totals = {_STDOUT: 0, _STDERR: 0}
     pending = bytearray()
     fd = sock.fileno()
+
+    def frames(
+        over_cap: Literal["stdout", "stderr"] | None, stop: Literal["eof", "cap", "deadline", "died"]
+    ) -> _Frames:
+        return _Frames(buffers[_STDOUT], buffers[_STDERR], (totals[_STDOUT], totals[_STDERR]), over_cap, stop)
+
     while True:
         left = deadline - time.monotonic()
         if left <= 0:
-            return buffers[_STDOUT], buffers[_STDERR], [totals[_STDOUT], totals[_STDERR]], None, True
-        ready, _, _ = select.select([fd], [], [], left)
+            return frames(None, "deadline")
+        if watch.due() and not watch.sample():
+            return frames(None, "died")
+        ready, _, _ = select.select([fd], [], [], min(left, _WATCH_INTERVAL_S))
         if not ready:
             continue
         chunk = os.read(fd, 65536)
         if not chunk:
-            return buffers[_STDOUT], buffers[_STDERR], [totals[_STDOUT], totals[_STDERR]], None, False
+            return frames(None, "eof")
         pending += chunk
         while len(pending) >= _HEADER.size:
             kind, size = _HEADER.unpack_from(pending)
@@ -381,8 +462,7 @@ def _read_frames(
             if kind not in buffers:
                 continue
             totals[kind] += len(payload)
-            room = caps[kind] - len(buffers[kind])
+            room = limits[kind] - len(buffers[kind])
             buffers[kind] += payload[: max(room, 0)]
-            if totals[kind] > caps[kind]:
-                name: Literal["stdout", "stderr"] = "stdout" if kind == _STDOUT else "stderr"
-                return buffers[_STDOUT], buffers[_STDERR], [totals[_STDOUT], totals[_STDERR]], name, False
+            if totals[kind] > limits[kind]:
+                return frames("stdout" if kind == _STDOUT else "stderr", "cap")

@@ -230,6 +230,13 @@ class SandboxManager:
     def touch(self, sandbox: Sandbox) -> None:
         self.state.touch_sandbox(sandbox.container_id, self.clock())
 
+    def discard(self, sandbox: Sandbox, reason: str) -> None:
+        """Remove a sandbox that can no longer be trusted to work; the next use starts a fresh one."""
+        self.forget(sandbox.conversation_id)
+        self.backend.remove(sandbox.container_id)
+        self.state.mark_removed(sandbox.container_id, reason)
+        logger.warning("removed sandbox %s: %s", sandbox.container_id[:12], reason)
+
     def restart(self, sandbox: Sandbox) -> None:
         """End every process of the sandbox at once (its results folder stays)."""
         self.backend.restart(sandbox.container_id)

@@ -41,6 +41,7 @@ logger = logging.getLogger(__name__)
 RunStatus = Literal["ok", "error", "timeout", "memory_limit", "output_limit", "quota_exceeded"]
 _RUNNER_TIMEOUT_EXIT = 124
 _RUNNER_OUTPUT_LIMIT_EXIT = 125
+_MEMORY_NEAR_LIMIT = 0.75  # a sandbox that died with memory use sampled this close to the limit ran out of it
 _HOST_CAP_MARGIN_BYTES = 64 * 1024  # the runner stops at cap + 1; the host's own cap is a backstop above it
 _HOST_DEADLINE_MARGIN_S = 15.0
 _NO_SPACE = re.compile(r"\[Errno 28\]|No space left on device|\[Errno 27\]|File too large")
@@ -179,7 +180,10 @@ def run_python(
             manager.forget(conversation_id)
             sandbox = manager.get_or_create(conversation_id)
             result = manager.backend.exec(sandbox.container_id, request)
-        if result.over_cap is not None or result.deadline_hit:
+        if result.container_died:
+            # gVisor ends its whole sandbox when the code exhausts memory or processes
+            manager.discard(sandbox, f"the sandbox ended during run {run_number}")
+        elif result.over_cap is not None or result.deadline_hit:
             # the runner did not stop the run itself (the code got around it): end every process at once
             logger.warning(
                 "run %d in %s passed the host's backstop (%s); restarting the sandbox",
@@ -188,9 +192,13 @@ def run_python(
                 result.over_cap or "deadline",
             )
             manager.restart(sandbox)
-        oom_after = manager.backend.oom_kill_count(sandbox.container_id)
-        manager.touch(sandbox)
+        oom_after = None if result.container_died else manager.backend.oom_kill_count(sandbox.container_id)
+        if not result.container_died:
+            manager.touch(sandbox)
         status = _classify(result, timeout_s, oom_before, oom_after)
+        if result.container_died:
+            seen = result.memory_bytes_seen or 0
+            status = "memory_limit" if seen >= _MEMORY_NEAR_LIMIT * policy.sandbox.limits.memory_bytes else "error"
         if status == "error" and _NO_SPACE.search(_decode(result.stderr[-8192:])):
             status = "quota_exceeded"
         if status == "ok" and usage.mode == "measured":
@@ -267,7 +275,15 @@ def _finish(
         error_file_path=error_path or "(not saved: the results folder is full)",
         max_chars=policy.run.error_message_max_chars,
     )
-    if status == "error":
+    if status == "error" and result.container_died:
+        limits = policy.sandbox.limits
+        message = (
+            f"The sandbox ended while the script ran: it reached a resource limit (at most {limits.pids_max:,} "
+            f"processes and threads, {limits.memory_bytes:,} bytes of memory). Start fewer processes or use less "
+            f"memory. A fresh sandbox starts with the next call; the results folder is unchanged. "
+            f"Full output: {error_path or '(not saved)'}."
+        )
+    elif status == "error":
         message = summary.message
     elif status == "timeout":
         message = (
