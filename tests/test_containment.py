@@ -3,9 +3,9 @@
 Every test runs hostile code through ``run_python`` in its own conversation, has the code print one JSON line
 describing what it observed, and asserts on that observation (and on the run's status). Every test runs under
 runc and under runsc (gVisor) through the ``containment_policy`` fixture; where the two kernels legitimately
-differ, the difference is stated at the assertion. Rows the product does not meet under runsc are strict xfails
-whose reason says what was seen (GVISOR_SANDBOX_DEATH). Where the runtime's fail-closed self-check refuses runsc
-on this host (e.g. runsc registered without ``--oci-seccomp``), the runsc tests are skipped, and fail under CI.
+differ, the difference is stated at the assertion (under gVisor a fork bomb or an out-of-memory kill can end the
+whole sandbox; the run is then classified and the next run gets a fresh sandbox). Where the runtime's fail-closed
+self-check refuses runsc on this host, the runsc tests are skipped, and fail under CI.
 """
 
 from __future__ import annotations
@@ -31,25 +31,10 @@ RuntimeFactory = Callable[..., Runtime]
 
 SIGABRT_EXIT = 128 + 6
 
-# A product bug seen under runsc (gVisor release 20221219 on cgroup v1), kept as a strict xfail so a fix shows up
-GVISOR_SANDBOX_DEATH = (
-    "runsc: an OOM or the pids limit kills the whole gVisor sandbox. On a fresh sandbox the exec stream then "
-    "stays open until the host backstop (timeout_s + kill_grace_s + 15 s) and the run is reported as "
-    "'timeout' (the container's cgroup is already gone, so oom_kill_count() is None); when the exec does "
-    "return (exit 128, 'urpc method \"containerManager.WaitPID\" failed: EOF') the dead sandbox is kept, "
-    "Docker still reports it running, and the next run fails with exit 126 'OCI runtime exec failed: ... in "
-    "state stopped'"
-)
-
 
 # helpers -----------------------------------------------------------------------------------------------------
 def _is_gvisor(policy: Policy) -> bool:
     return policy.sandbox.runtime == "runsc"
-
-
-def _xfail_under_gvisor(request: pytest.FixtureRequest, policy: Policy, reason: str) -> None:
-    if _is_gvisor(policy):
-        request.applymarker(pytest.mark.xfail(strict=True, reason=reason))
 
 
 def _runtime(runtime_factory: RuntimeFactory, policy: Policy) -> Runtime:
@@ -319,9 +304,8 @@ def test_code_cannot_connect_to_a_listener_on_the_host_loopback(
 # Resources ---------------------------------------------------------------------------------------------------
 @pytest.mark.docker
 def test_fork_bomb_meets_the_pids_limit_and_the_next_run_works(
-    runtime_factory: RuntimeFactory, containment_policy: Policy, request: pytest.FixtureRequest
+    runtime_factory: RuntimeFactory, containment_policy: Policy
 ) -> None:
-    _xfail_under_gvisor(request, containment_policy, GVISOR_SANDBOX_DEATH)
     pids_max = containment_policy.sandbox.limits.pids_max
     timeout_s = 5.0
     conversation = _conversation(runtime_factory, containment_policy, "forkbomb")
@@ -361,9 +345,8 @@ def test_fork_bomb_meets_the_pids_limit_and_the_next_run_works(
 
 @pytest.mark.docker
 def test_allocating_10_gb_ends_the_run_with_memory_limit(
-    runtime_factory: RuntimeFactory, containment_policy: Policy, request: pytest.FixtureRequest
+    runtime_factory: RuntimeFactory, containment_policy: Policy
 ) -> None:
-    _xfail_under_gvisor(request, containment_policy, GVISOR_SANDBOX_DEATH)
     conversation = _conversation(runtime_factory, containment_policy, "oom")
     result = _run(
         conversation,
@@ -382,9 +365,8 @@ def test_allocating_10_gb_ends_the_run_with_memory_limit(
 
 @pytest.mark.docker
 def test_a_child_killed_for_memory_is_reported_even_when_the_parent_exits_0(
-    runtime_factory: RuntimeFactory, containment_policy: Policy, request: pytest.FixtureRequest
+    runtime_factory: RuntimeFactory, containment_policy: Policy
 ) -> None:
-    _xfail_under_gvisor(request, containment_policy, GVISOR_SANDBOX_DEATH)
     conversation = _conversation(runtime_factory, containment_policy, "childoom")
     result = _run(
         conversation,

@@ -43,6 +43,7 @@ _EXIT_CODE_WAIT_S = 5.0
 _WATCH_INTERVAL_S = 0.2
 _RUNTIME_FAILURE_EXIT = 126  # 126-128: the OCI runtime, not the code, ended the exec
 _CGROUP_ROOT = Path("/sys/fs/cgroup")
+_GVISOR_SANDBOX_LOST = b'urpc method "containerManager.WaitPID" failed: EOF'
 
 
 @contextlib.contextmanager
@@ -269,10 +270,16 @@ class DockerBackend(SandboxBackend):
                 with contextlib.suppress(OSError):
                     handle.close()
         exit_code = self._exit_code(exec_id) if frames.stop == "eof" else None
-        died = frames.stop == "died" or (
-            exit_code is not None and exit_code >= _RUNTIME_FAILURE_EXIT and not watch.alive()
-        )
         said = bytes(frames.stdout + frames.stderr)
+        died = (
+            frames.stop == "died"
+            or (
+                exit_code is not None
+                and exit_code >= _RUNTIME_FAILURE_EXIT
+                # runsc's own word that its sandbox went away, which can come before its process has gone
+                and (not watch.alive() or _GVISOR_SANDBOX_LOST in frames.stderr[-1024:])
+            )
+        )
         if died and exit_code == _RUNTIME_FAILURE_EXIT and said.startswith(b"OCI runtime exec failed"):
             # the exec never started: the sandbox had ended since its last use (gVisor keeps it "running")
             raise SandboxGone(f"sandbox {container_id[:12]} has stopped: {said[:300].decode(errors='replace')}")
