@@ -19,7 +19,6 @@ from collections.abc import Mapping
 from pathlib import Path
 from types import TracebackType
 
-from sandbox_runtime.errors import ImageError
 from sandbox_runtime.policy import Policy, load_policy
 from sandbox_runtime.sandbox.backend import SandboxBackend
 from sandbox_runtime.sandbox.manager import Removal, Sandbox, SandboxManager
@@ -131,8 +130,6 @@ class Runtime:
             from sandbox_runtime.sandbox.image import executor_image_tag  # noqa: PLC0415
 
             image = self.policy.sandbox.image or executor_image_tag()
-        if not backend.image_exists(image):
-            raise ImageError(f"the executor image {image} is not built: run `sandbox-runtime image build`")
         self.state = StateDB(self.state_dir / "state.sqlite3")
         self.store = ConversationStore(self.state_dir, self.policy)
         self.manager = SandboxManager(backend, self.policy, self.store, self.state, image, extra_labels=extra_labels)

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict
 
-from sandbox_runtime.errors import SandboxError, SelfCheckFailed
+from sandbox_runtime.errors import ImageError, SandboxError, SelfCheckFailed
 from sandbox_runtime.policy import Policy
 from sandbox_runtime.sandbox.backend import ContainerInfo, ContainerSpec, SandboxBackend
 from sandbox_runtime.sandbox.profile import (
@@ -101,6 +101,8 @@ class SandboxManager:
             cached = self._self_check
         if cached is not None and not force:
             return cached
+        if not self.backend.image_exists(self.image):
+            raise ImageError(f"the executor image {self.image} is not built: run `sandbox-runtime image build`")
         with self.lock(CANARY_CONVERSATION):
             folders = self.store.folders(CANARY_CONVERSATION).model_copy(update={"quota_bytes": 16 * 1024 * 1024})
             self.store.prepare(folders)

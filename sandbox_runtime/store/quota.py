@@ -5,8 +5,9 @@ loop-mounted ``nosuid,nodev,noexec``. The kernel enforces the quota: a write pas
 one byte lands beyond it. The image outlives the runtime process; a restart finds the mount (or remounts it).
 
 ``measured`` (no root needed): a plain folder whose usage (allocated blocks, so sparse files count what they
-really take) is measured after every run; a run that leaves the folder over the quota is reported as
-``quota_exceeded`` and the next run is refused until space is freed. Writes *during* a run are not stopped.
+really take) is measured after every run; every run that leaves the folder over the quota is reported as
+``quota_exceeded`` until space is freed. Writes *during* a run are not stopped: this mode reports, it does not
+enforce, and ``doctor`` says so.
 """
 
 from __future__ import annotations

@@ -44,7 +44,8 @@ _RUNNER_OUTPUT_LIMIT_EXIT = 125
 _MEMORY_NEAR_LIMIT = 0.75  # a sandbox that died with memory use sampled this close to the limit ran out of it
 _HOST_CAP_MARGIN_BYTES = 64 * 1024  # the runner stops at cap + 1; the host's own cap is a backstop above it
 _HOST_DEADLINE_MARGIN_S = 15.0
-_NO_SPACE = re.compile(r"\[Errno 28\]|No space left on device|\[Errno 27\]|File too large")
+_NO_SPACE = re.compile(r"\[Errno 28\]|No space left on device")
+_NEARLY_FULL_BYTES = 256 * 1024
 
 
 class InvalidToolArguments(SandboxRuntimeError, ValueError):
@@ -118,10 +119,10 @@ def _decode(data: bytes) -> str:
     return data.decode("utf-8", errors="replace")
 
 
-def _script(root: ResultsRoot, args: RunPythonArgs, run_number: int) -> str:
+def _script(root: ResultsRoot, args: RunPythonArgs, run_number: int, max_bytes: int) -> str:
     """The in-sandbox path of the script to run: the given file (checked) or the inline code saved."""
     if args.script_path is not None:
-        with root.open_regular(args.script_path, max_bytes=64 * 1024 * 1024):
+        with root.open_regular(args.script_path, max_bytes=max_bytes):
             pass  # a regular file, beneath the root, not a link: the sandbox may swap it later, which only
             # affects what the sandbox itself runs
         return root.sandbox_path(root.parse(args.script_path))
@@ -148,11 +149,8 @@ def run_python(
         sandbox = manager.get_or_create(conversation_id)
         root = manager.store.results_root(sandbox.folders)
         run_number = manager.state.next_run_number(conversation_id)
-        usage = manager.store.usage(sandbox.folders)
-        if usage.mode == "measured" and usage.used_bytes > usage.limit_bytes:
-            return _quota_result(root, args, usage.used_bytes, usage.limit_bytes, run_number)
         try:
-            script = _script(root, args, run_number)
+            script = _script(root, args, run_number, policy.store.read_max_bytes)
         except (PathRejected, PathNotFound):
             raise
         except OSError as exc:
@@ -160,7 +158,7 @@ def run_python(
                 raise
             logger.info("saving inline code failed: the results folder is full (%s)", exc)
             usage = manager.store.usage(sandbox.folders)
-            return _quota_result(root, args, usage.used_bytes, usage.limit_bytes, run_number)
+            return _not_saved(usage.used_bytes, usage.limit_bytes)
         oom_before = manager.backend.oom_kill_count(sandbox.container_id)
         caps = (policy.run.stdout_max_bytes, policy.run.stderr_max_bytes)
         request = ExecRequest(
@@ -199,12 +197,8 @@ def run_python(
         if result.container_died:
             seen = result.memory_bytes_seen or 0
             status = "memory_limit" if seen >= _MEMORY_NEAR_LIMIT * policy.sandbox.limits.memory_bytes else "error"
-        if status == "error" and _NO_SPACE.search(_decode(result.stderr[-8192:])):
+        if status in ("ok", "error") and _over_quota(manager, sandbox, result):
             status = "quota_exceeded"
-        if status == "ok" and usage.mode == "measured":
-            after = manager.store.usage(sandbox.folders)
-            if after.used_bytes > after.limit_bytes:
-                status = "quota_exceeded"
         return _finish(manager, sandbox, root, script, run_number, result, status, timeout_s)
 
 
@@ -220,8 +214,23 @@ def _classify(result: ExecResult, timeout_s: float, oom_before: int | None, oom_
     return "ok" if result.exit_code == 0 else "error"
 
 
-def _quota_result(root: ResultsRoot, args: RunPythonArgs, used: int, limit: int, run_number: int) -> RunPythonResult:
-    script = args.script_path or f"scripts/run-{run_number:04d}.py (not saved)"
+def _over_quota(manager: SandboxManager, sandbox: Sandbox, result: ExecResult) -> bool:
+    """Whether the run ran into the disk quota.
+
+    ``loop``: the script failed on ENOSPC and the results filesystem is (nearly) full — a full ``/tmp`` gives
+    the same error, but leaves the results folder with room. ``measured``: the folder is over the quota after
+    the run (writes during it were not stopped).
+    """
+    if sandbox.folders.quota_mode == "measured":
+        usage = manager.store.usage(sandbox.folders)
+        return usage.used_bytes > usage.limit_bytes
+    if result.exit_code == 0 or not _NO_SPACE.search(_decode(result.stderr[-8192:])):
+        return False
+    usage = manager.store.usage(sandbox.folders)
+    return usage.free_bytes <= max(_NEARLY_FULL_BYTES, usage.limit_bytes // 1000)
+
+
+def _not_saved(used: int, limit: int) -> RunPythonResult:
     return RunPythonResult(
         status="quota_exceeded",
         is_error=True,
@@ -229,9 +238,10 @@ def _quota_result(root: ResultsRoot, args: RunPythonArgs, used: int, limit: int,
         stdout="",
         stderr="",
         duration_s=0.0,
-        message=f"Not run: the results folder is full ({used:,} of {limit:,} bytes used). Delete files you no "
-        f"longer need (e.g. with run_python: os.remove) and run again.",
-        script_path=script if args.script_path else root.sandbox_path(()) + "/" + script,
+        message=f"Not run: the code could not be saved because the results folder is full ({used:,} of "
+        f"{limit:,} bytes used). Delete files you no longer need (run_python with a short `code` that calls "
+        f"os.remove may still fit) and run again.",
+        script_path="(not saved: the results folder is full)",
         stdout_bytes=0,
         stderr_bytes=0,
         used_bytes=used,
