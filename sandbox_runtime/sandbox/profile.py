@@ -18,7 +18,6 @@ __all__ = [
     "KEEPER_COMMAND",
     "LABEL_CONVERSATION",
     "LABEL_CREATED_AT",
-    "LABEL_OWNER",
     "LABEL_POLICY",
     "LABEL_RUNTIME",
     "LABEL_STATE_DIR",
@@ -36,7 +35,6 @@ LABEL_CONVERSATION = "io.sandbox-runtime.conversation"
 LABEL_CREATED_AT = "io.sandbox-runtime.created-at"
 LABEL_POLICY = "io.sandbox-runtime.policy-hash"
 LABEL_STATE_DIR = "io.sandbox-runtime.state-dir"
-LABEL_OWNER = "io.sandbox-runtime.owner"
 
 KEEPER_COMMAND = ("sleep", "infinity")
 PYTHON = "/opt/venv/bin/python"

@@ -45,7 +45,9 @@ _MEMORY_NEAR_LIMIT = 0.75  # a sandbox that died with memory use sampled this cl
 _HOST_CAP_MARGIN_BYTES = 64 * 1024  # the runner stops at cap + 1; the host's own cap is a backstop above it
 _HOST_DEADLINE_MARGIN_S = 15.0
 _NO_SPACE = re.compile(r"\[Errno 28\]|No space left on device")
-_NEARLY_FULL_BYTES = 256 * 1024
+# ext4 refuses a large write while its delayed allocation still holds reservations, so the folder reads
+# "nearly full" rather than full when the script fails: within 5 % of the quota (at least 4 MiB)
+_NEARLY_FULL_BYTES = 4 * 1024 * 1024
 
 
 class InvalidToolArguments(SandboxRuntimeError, ValueError):
@@ -217,7 +219,7 @@ def _classify(result: ExecResult, timeout_s: float, oom_before: int | None, oom_
 def _over_quota(manager: SandboxManager, sandbox: Sandbox, result: ExecResult) -> bool:
     """Whether the run ran into the disk quota.
 
-    ``loop``: the script failed on ENOSPC and the results filesystem is (nearly) full — a full ``/tmp`` gives
+    ``loop``: the script failed on ENOSPC and the results filesystem is nearly full — a full ``/tmp`` gives
     the same error, but leaves the results folder with room. ``measured``: the folder is over the quota after
     the run (writes during it were not stopped).
     """
@@ -227,7 +229,7 @@ def _over_quota(manager: SandboxManager, sandbox: Sandbox, result: ExecResult) -
     if result.exit_code == 0 or not _NO_SPACE.search(_decode(result.stderr[-8192:])):
         return False
     usage = manager.store.usage(sandbox.folders)
-    return usage.free_bytes <= max(_NEARLY_FULL_BYTES, usage.limit_bytes // 1000)
+    return usage.free_bytes <= max(_NEARLY_FULL_BYTES, usage.limit_bytes // 20)
 
 
 def _not_saved(used: int, limit: int) -> RunPythonResult:
