@@ -15,7 +15,7 @@ Standard library only: this file runs inside the executor image.
 """
 
 import ctypes
-import platform
+import os
 import resource
 import struct
 
@@ -123,7 +123,7 @@ def _offset(labels, target, index):
 
 def install(nproc_max):
     """Confine the calling process (and all it starts); call after fork, before exec."""
-    if platform.machine() != "x86_64":
+    if os.uname().machine != "x86_64":
         raise OSError("the seccomp filter is written for x86_64")
     libc = ctypes.CDLL(None, use_errno=True)
     if libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
