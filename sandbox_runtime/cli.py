@@ -53,6 +53,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
         engine = report.engine
         print(
             f"engine   Docker {engine.engine_version} (API {engine.api_version}), runc {engine.runc_version}, "
+            f"{engine.runsc_version or 'runsc not installed'}, "
             f"runtimes: {', '.join(engine.runtimes)}"
         )
         print(

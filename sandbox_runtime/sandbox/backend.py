@@ -111,6 +111,7 @@ class EngineInfo(_Model):
     runtimes: tuple[str, ...]
     default_runtime: str
     runc_version: str | None
+    runsc_version: str | None = None
     security_options: tuple[str, ...]
     warnings: tuple[str, ...] = ()
 

@@ -11,6 +11,7 @@ import logging
 import os
 import select
 import struct
+import subprocess
 import time
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
@@ -115,6 +116,7 @@ class DockerBackend(SandboxBackend):
             runtimes=tuple(sorted((info.get("Runtimes") or {}).keys())),
             default_runtime=str(info.get("DefaultRuntime", "runc")),
             runc_version=runc,
+            runsc_version=_runtime_version((info.get("Runtimes") or {}).get("runsc") or {}),
             security_options=security,
             warnings=tuple(str(item) for item in info.get("Warnings") or ()),
         )
@@ -380,6 +382,18 @@ class DockerBackend(SandboxBackend):
 
     def close(self) -> None:
         self._client.close()
+
+
+def _runtime_version(runtime: Mapping[str, Any]) -> str | None:
+    """``runsc --version``'s first line, when the runtime's binary is on this host."""
+    path = runtime.get("path")
+    if not path or not Path(path).is_file():
+        return None
+    try:
+        done = subprocess.run([path, "--version"], capture_output=True, text=True, timeout=10, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return done.stdout.splitlines()[0] if done.returncode == 0 and done.stdout else None
 
 
 class _Watch:
