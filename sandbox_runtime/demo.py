@@ -56,7 +56,8 @@ def run_demo(runtime: Runtime, out: TextIO) -> int:
     started = time.monotonic()
     first = conversation.run_python("import platform, os; print(platform.python_version(), os.getuid())")
     print(
-        f"status={first.status} stdout={first.stdout.strip()!r} ({time.monotonic() - started:.2f} s, cold: includes the once-per-process self-check)",
+        f"status={first.status} stdout={first.stdout.strip()!r} ({time.monotonic() - started:.2f} s, cold: "
+        "includes the once-per-process self-check)",
         file=out,
     )
     failures += first.status != "ok"
