@@ -20,6 +20,7 @@ from sandbox_runtime.runtime import Runtime
 from sandbox_runtime.sandbox.docker_backend import DockerBackend
 from sandbox_runtime.sandbox.image import build_executor_image, executor_image_tag
 from sandbox_runtime.sandbox.profile import LABEL_RUNTIME
+from sandbox_runtime.store.quota import QuotaMode
 
 TEST_LABEL = "io.sandbox-runtime.test"
 SESSION = uuid.uuid4().hex[:12]
@@ -78,6 +79,10 @@ def runtime_factory(
     for runtime in made:
         for record in runtime.state.conversations():
             runtime.conversation(record.id).delete()
+        # folders of conversations the state no longer knows (a test may forget one on purpose)
+        for folder in sorted((runtime.state_dir / "conversations").glob("*")):
+            mode: QuotaMode = "loop" if os.path.ismount(folder / "results") else "measured"
+            runtime.store.delete(runtime.store.folders(folder.name, quota_mode=mode))
         runtime.close()
     for info in docker_backend.list_containers({TEST_LABEL: SESSION, LABEL_RUNTIME: "1"}):
         docker_backend.remove(info.id)
