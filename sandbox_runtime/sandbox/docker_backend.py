@@ -9,13 +9,11 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import select
-import struct
 import subprocess
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import Any, Literal, NamedTuple
+from typing import Any
 
 import docker
 import docker.errors
@@ -33,17 +31,15 @@ from sandbox_runtime.sandbox.backend import (
     ProgressCallback,
     SandboxBackend,
 )
+from sandbox_runtime.sandbox.exec_stream import Watch, read_cgroup_file, read_frames
 
 __all__ = ["DockerBackend"]
 
 logger = logging.getLogger(__name__)
 
-_HEADER = struct.Struct(">BxxxL")
 _STDOUT, _STDERR = 1, 2
 _EXIT_CODE_WAIT_S = 5.0
-_WATCH_INTERVAL_S = 0.2
 _RUNTIME_FAILURE_EXIT = 126  # 126-128: the OCI runtime, not the code, ended the exec
-_CGROUP_ROOT = Path("/sys/fs/cgroup")
 _GVISOR_SANDBOX_LOST = b'urpc method "containerManager.WaitPID" failed: EOF'
 
 
@@ -264,7 +260,7 @@ class DockerBackend(SandboxBackend):
         sock = getattr(raw, "_sock", raw)
         watch = self._watch(container_id)
         try:
-            frames = _read_frames(
+            frames = read_frames(
                 sock, started + request.deadline_s, (request.stdout_max_bytes, request.stderr_max_bytes), watch
             )
         finally:
@@ -299,17 +295,17 @@ class DockerBackend(SandboxBackend):
             duration_s=time.monotonic() - started,
         )
 
-    def _watch(self, container_id: str) -> _Watch:
+    def _watch(self, container_id: str) -> Watch:
         with _mapped("inspect container"):
             pid = int((self._api.inspect_container(container_id).get("State") or {}).get("Pid") or 0)
         if not self._host_pids_visible and pid > 0:
             with contextlib.suppress(OSError):  # visible when the pid's cgroup names the container
                 self._host_pids_visible = container_id in Path(f"/proc/{pid}/cgroup").read_text()
-        return _Watch(
+        return Watch(
             pid,
             self._host_pids_visible,
-            lambda: self._cgroup_file(container_id, "memory", "memory.usage_in_bytes", "memory.current"),
-            lambda: self._cgroup_file(container_id, "pids", "pids.current", "pids.current"),
+            lambda: read_cgroup_file(container_id, "memory", "memory.usage_in_bytes", "memory.current"),
+            lambda: read_cgroup_file(container_id, "pids", "pids.current", "pids.current"),
         )
 
     def _create_exec(self, container_id: str, request: ExecRequest) -> str:
@@ -343,24 +339,8 @@ class DockerBackend(SandboxBackend):
             pause = min(pause * 2, 0.05)
 
     # cgroup counters ---------------------------------------------------------------------------------------
-    @staticmethod
-    def _cgroup_file(container_id: str, controller: str, v1_name: str, v2_name: str) -> str | None:
-        """Read a cgroup file of a container under the cgroupfs or systemd layouts, v1 or v2."""
-        candidates = (
-            _CGROUP_ROOT / controller / "docker" / container_id / v1_name,
-            _CGROUP_ROOT / "docker" / container_id / v2_name,
-            _CGROUP_ROOT / controller / "system.slice" / f"docker-{container_id}.scope" / v1_name,
-            _CGROUP_ROOT / "system.slice" / f"docker-{container_id}.scope" / v2_name,
-        )
-        for path in candidates:
-            try:
-                return path.read_text().strip()
-            except OSError:
-                continue
-        return None
-
     def oom_kill_count(self, container_id: str) -> int | None:
-        text = self._cgroup_file(container_id, "memory", "memory.oom_control", "memory.events")
+        text = read_cgroup_file(container_id, "memory", "memory.oom_control", "memory.events")
         for line in (text or "").splitlines():
             key, _, value = line.partition(" ")
             if key == "oom_kill":
@@ -373,11 +353,11 @@ class DockerBackend(SandboxBackend):
         return {
             "runtime": host_config.get("Runtime"),
             "security_opt": ",".join(host_config.get("SecurityOpt") or []),
-            "memory_limit_bytes": self._cgroup_file(container_id, "memory", "memory.limit_in_bytes", "memory.max"),
-            "memory_swap_limit_bytes": self._cgroup_file(
+            "memory_limit_bytes": read_cgroup_file(container_id, "memory", "memory.limit_in_bytes", "memory.max"),
+            "memory_swap_limit_bytes": read_cgroup_file(
                 container_id, "memory", "memory.memsw.limit_in_bytes", "memory.swap.max"
             ),
-            "pids_limit": self._cgroup_file(container_id, "pids", "pids.max", "pids.max"),
+            "pids_limit": read_cgroup_file(container_id, "pids", "pids.max", "pids.max"),
         }
 
     def close(self) -> None:
@@ -394,96 +374,3 @@ def _runtime_version(runtime: Mapping[str, Any]) -> str | None:
     except (OSError, subprocess.TimeoutExpired):
         return None
     return done.stdout.splitlines()[0] if done.returncode == 0 and done.stdout else None
-
-
-class _Watch:
-    """Watches a container during an exec: is its first process alive, how much memory and how many pids.
-
-    gVisor can end a whole sandbox (memory or pids exhausted) while Docker still calls it running and the
-    exec stream stays open; the first process's disappearance from the host's /proc shows it. The cgroup goes
-    with the sandbox, so memory and pids are sampled while it lives. Where the engine's processes are not
-    visible (Docker Desktop's VM, rootless engines) ``alive`` always answers True.
-    """
-
-    def __init__(
-        self, pid: int, visible: bool, memory: Callable[[], str | None], pids: Callable[[], str | None]
-    ) -> None:
-        self._proc = Path(f"/proc/{pid}")
-        self._visible = visible
-        try:
-            self._started = self._proc.stat().st_ctime
-        except OSError:
-            self._started = -1.0  # already gone
-        self._memory, self._pids = memory, pids
-        self._last = 0.0
-        self.memory_bytes_seen: int | None = None
-        self.pids_seen: int | None = None
-
-    def alive(self) -> bool:
-        if not self._visible:
-            return True
-        try:
-            return self._proc.stat().st_ctime == self._started
-        except OSError:
-            return False
-
-    def due(self) -> bool:
-        return time.monotonic() - self._last >= _WATCH_INTERVAL_S
-
-    def sample(self) -> bool:
-        """Record memory and pids; False when the container's first process is gone."""
-        self._last = time.monotonic()
-        for reader, name in ((self._memory, "memory_bytes_seen"), (self._pids, "pids_seen")):
-            text = reader()
-            if text and text.isdigit():
-                setattr(self, name, max(int(text), getattr(self, name) or 0))
-        return self.alive()
-
-
-class _Frames(NamedTuple):
-    stdout: bytearray
-    stderr: bytearray
-    totals: tuple[int, int]
-    over_cap: Literal["stdout", "stderr"] | None
-    stop: Literal["eof", "cap", "deadline", "died"]
-
-
-def _read_frames(sock: Any, deadline: float, caps: tuple[int, int], watch: _Watch) -> _Frames:
-    """Demultiplex Docker's attach stream until EOF, a cap, the deadline, or the container's death."""
-    buffers = {_STDOUT: bytearray(), _STDERR: bytearray()}
-    limits = {_STDOUT: caps[0], _STDERR: caps[1]}
-    totals = {_STDOUT: 0, _STDERR: 0}
-    pending = bytearray()
-    fd = sock.fileno()
-
-    def frames(
-        over_cap: Literal["stdout", "stderr"] | None, stop: Literal["eof", "cap", "deadline", "died"]
-    ) -> _Frames:
-        return _Frames(buffers[_STDOUT], buffers[_STDERR], (totals[_STDOUT], totals[_STDERR]), over_cap, stop)
-
-    while True:
-        left = deadline - time.monotonic()
-        if left <= 0:
-            return frames(None, "deadline")
-        if watch.due() and not watch.sample():
-            return frames(None, "died")
-        ready, _, _ = select.select([fd], [], [], min(left, _WATCH_INTERVAL_S))
-        if not ready:
-            continue
-        chunk = os.read(fd, 65536)
-        if not chunk:
-            return frames(None, "eof")
-        pending += chunk
-        while len(pending) >= _HEADER.size:
-            kind, size = _HEADER.unpack_from(pending)
-            if len(pending) < _HEADER.size + size:
-                break
-            payload = bytes(pending[_HEADER.size : _HEADER.size + size])
-            del pending[: _HEADER.size + size]
-            if kind not in buffers:
-                continue
-            totals[kind] += len(payload)
-            room = limits[kind] - len(buffers[kind])
-            buffers[kind] += payload[: max(room, 0)]
-            if totals[kind] > limits[kind]:
-                return frames("stdout" if kind == _STDOUT else "stderr", "cap")

@@ -1,0 +1,130 @@
+"""Reading a container's exec stream and watching the container meanwhile; no engine client needed here.
+
+Docker multiplexes an exec's stdout and stderr on one socket as frames (an 8-byte header: stream number, three
+zero bytes, payload length). The reader stops at EOF, a byte cap, a deadline, or when the container's first
+process is gone; the watch samples the container's cgroup (memory, pids) while it lives.
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import struct
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, Literal, NamedTuple
+
+__all__ = ["Frames", "Watch", "read_cgroup_file", "read_frames"]
+
+_HEADER = struct.Struct(">BxxxL")
+_STDOUT, _STDERR = 1, 2
+_WATCH_INTERVAL_S = 0.2
+_CGROUP_ROOT = Path("/sys/fs/cgroup")
+
+
+def read_cgroup_file(container_id: str, controller: str, v1_name: str, v2_name: str) -> str | None:
+    """Read a cgroup file of a Docker container under the cgroupfs or systemd layouts, v1 or v2."""
+    candidates = (
+        _CGROUP_ROOT / controller / "docker" / container_id / v1_name,
+        _CGROUP_ROOT / "docker" / container_id / v2_name,
+        _CGROUP_ROOT / controller / "system.slice" / f"docker-{container_id}.scope" / v1_name,
+        _CGROUP_ROOT / "system.slice" / f"docker-{container_id}.scope" / v2_name,
+    )
+    for path in candidates:
+        try:
+            return path.read_text().strip()
+        except OSError:
+            continue
+    return None
+
+
+class Watch:
+    """Watches a container during an exec: is its first process alive, how much memory and how many pids.
+
+    gVisor can end a whole sandbox (memory or pids exhausted) while Docker still calls it running and the
+    exec stream stays open; the first process's disappearance from the host's /proc shows it. The cgroup goes
+    with the sandbox, so memory and pids are sampled while it lives. Where the engine's processes are not
+    visible (Docker Desktop's VM, rootless engines) ``alive`` always answers True.
+    """
+
+    def __init__(
+        self, pid: int, visible: bool, memory: Callable[[], str | None], pids: Callable[[], str | None]
+    ) -> None:
+        self._proc = Path(f"/proc/{pid}")
+        self._visible = visible
+        try:
+            self._started = self._proc.stat().st_ctime
+        except OSError:
+            self._started = -1.0  # already gone
+        self._memory, self._pids = memory, pids
+        self._last = 0.0
+        self.memory_bytes_seen: int | None = None
+        self.pids_seen: int | None = None
+
+    def alive(self) -> bool:
+        if not self._visible:
+            return True
+        try:
+            return self._proc.stat().st_ctime == self._started
+        except OSError:
+            return False
+
+    def due(self) -> bool:
+        return time.monotonic() - self._last >= _WATCH_INTERVAL_S
+
+    def sample(self) -> bool:
+        """Record memory and pids; False when the container's first process is gone."""
+        self._last = time.monotonic()
+        for reader, name in ((self._memory, "memory_bytes_seen"), (self._pids, "pids_seen")):
+            text = reader()
+            if text and text.isdigit():
+                setattr(self, name, max(int(text), getattr(self, name) or 0))
+        return self.alive()
+
+
+class Frames(NamedTuple):
+    stdout: bytearray
+    stderr: bytearray
+    totals: tuple[int, int]
+    over_cap: Literal["stdout", "stderr"] | None
+    stop: Literal["eof", "cap", "deadline", "died"]
+
+
+def read_frames(sock: Any, deadline: float, caps: tuple[int, int], watch: Watch) -> Frames:
+    """Demultiplex Docker's attach stream until EOF, a cap, the deadline, or the container's death."""
+    buffers = {_STDOUT: bytearray(), _STDERR: bytearray()}
+    limits = {_STDOUT: caps[0], _STDERR: caps[1]}
+    totals = {_STDOUT: 0, _STDERR: 0}
+    pending = bytearray()
+    fd = sock.fileno()
+
+    def frames(over_cap: Literal["stdout", "stderr"] | None, stop: Literal["eof", "cap", "deadline", "died"]) -> Frames:
+        return Frames(buffers[_STDOUT], buffers[_STDERR], (totals[_STDOUT], totals[_STDERR]), over_cap, stop)
+
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return frames(None, "deadline")
+        if watch.due() and not watch.sample():
+            return frames(None, "died")
+        ready, _, _ = select.select([fd], [], [], min(left, _WATCH_INTERVAL_S))
+        if not ready:
+            continue
+        chunk = os.read(fd, 65536)
+        if not chunk:
+            return frames(None, "eof")
+        pending += chunk
+        while len(pending) >= _HEADER.size:
+            kind, size = _HEADER.unpack_from(pending)
+            if len(pending) < _HEADER.size + size:
+                break
+            payload = bytes(pending[_HEADER.size : _HEADER.size + size])
+            del pending[: _HEADER.size + size]
+            if kind not in buffers:
+                continue
+            totals[kind] += len(payload)
+            room = limits[kind] - len(buffers[kind])
+            buffers[kind] += payload[: max(room, 0)]
+            if totals[kind] > limits[kind]:
+                return frames("stdout" if kind == _STDOUT else "stderr", "cap")
