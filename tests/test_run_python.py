@@ -151,3 +151,16 @@ def test_a_traceback_longer_than_100_kb_is_kept_whole_in_the_error_file(runtime:
     assert result.error_path is not None
     saved = runtime.store.results_root(conversation.folders).read_text(result.error_path, max_bytes=1 << 20)
     assert saved.count("v") >= 150_000
+
+
+def test_the_strict_policy_runs_code_within_its_tighter_limits(runtime_factory) -> None:  # type: ignore[no-untyped-def]
+    runtime = runtime_factory("strict")
+    assert runtime.doctor().ok
+    conversation = runtime.conversation("strict")
+    result = conversation.run_python(
+        "import resource\nprint(resource.getrlimit(resource.RLIMIT_NOFILE)[0])\n"
+        "print(open('/sys/fs/cgroup/pids/pids.max').read().strip())"
+    )
+    assert result.status == "ok", result.message
+    assert result.stdout.split() == ["256", "64"]
+    assert conversation.usage().limit_bytes == 256 * 1024 * 1024
