@@ -36,7 +36,8 @@ __all__ = ["Removal", "Sandbox", "SandboxManager"]
 
 logger = logging.getLogger(__name__)
 
-CANARY_CONVERSATION = "selfcheck-canary"
+CANARY_CONVERSATION = "_canary"  # a label value no conversation id can take (ids start with a letter or digit)
+_CANARY_QUOTA_BYTES = 16 * 1024 * 1024
 _CANARY_MAX_AGE_S = 300  # a canary lives for seconds; an older one was left by a killed process
 
 
@@ -104,7 +105,7 @@ class SandboxManager:
         if not self.backend.image_exists(self.image):
             raise ImageError(f"the executor image {self.image} is not built: run `sandbox-runtime image build`")
         with self.lock(CANARY_CONVERSATION):
-            folders = self.store.folders(CANARY_CONVERSATION).model_copy(update={"quota_bytes": 16 * 1024 * 1024})
+            folders = self.store.canary_folders(quota_bytes=_CANARY_QUOTA_BYTES)
             self.store.prepare(folders)
             try:
                 report = run_self_check(
@@ -258,6 +259,8 @@ class SandboxManager:
         removals: list[Removal] = []
         for info in self.backend.list_containers(self.base_labels):
             conversation = info.labels.get(LABEL_CONVERSATION, "")
+            if conversation == CANARY_CONVERSATION:
+                continue  # a self-check in progress; sweep_orphans removes canaries left by killed processes
             lock = self.lock(conversation)
             if not lock.acquire(blocking=False):
                 continue  # in use right now: not idle

@@ -104,6 +104,19 @@ class ConversationStore:
             quota_bytes=self.policy.store.quota_bytes,
         )
 
+    def canary_folders(self, quota_bytes: int) -> ConversationFolders:
+        """Folders for the self-check's canary, apart from every conversation's (no id can name them)."""
+        root = self.state_dir / "canary"
+        return ConversationFolders(
+            conversation_id="canary",
+            root=root,
+            results=root / "results",
+            outputs=root / "outputs",
+            volume=root / "canary.ext4",
+            quota_mode=self.quota_mode,
+            quota_bytes=quota_bytes,
+        )
+
     def prepare(self, folders: ConversationFolders) -> None:
         """Make the folders (once) and mount the quota filesystem (when not mounted); idempotent."""
         folders.outputs.mkdir(parents=True, exist_ok=True, mode=0o755)
