@@ -45,7 +45,7 @@ SLIM_BASE = "python:3.11-slim"
 _REGISTRY_HOST = "registry-1.docker.io"
 _DEBIAN_SUITE = "bookworm"
 _DEBOOTSTRAP_PACKAGES = "python3,python3-venv,passwd"
-_WHEEL_PLATFORMS = ("manylinux2014_x86_64", "manylinux_2_17_x86_64", "manylinux_2_28_x86_64")
+_MANYLINUX_TAGS = ("manylinux2014", "manylinux_2_17", "manylinux_2_28")
 _IMAGE_FILES = ("Dockerfile", "requirements.txt", "run.py", "confine.py", "selfcheck.py")
 _SUBPROCESS_TIMEOUT_S = 900
 
@@ -98,7 +98,8 @@ def _run(command: list[str], progress: ProgressCallback, what: str) -> None:
 
 def _wheelhouse(cache_dir: Path, progress: ProgressCallback) -> Path:
     requirements = _image_dir() / "requirements.txt"
-    key = hashlib.sha256(requirements.read_bytes()).hexdigest()[:16]
+    machine = os.uname().machine  # the wheels must fit the engine's machine: x86_64 or aarch64
+    key = hashlib.sha256(requirements.read_bytes() + machine.encode()).hexdigest()[:16]
     target = cache_dir / "wheels" / key
     if (target / ".complete").exists():
         progress(f"wheelhouse {target} is ready")
@@ -122,8 +123,8 @@ def _wheelhouse(cache_dir: Path, progress: ProgressCallback) -> Path:
         "-r",
         str(requirements),
     ]
-    for platform in _WHEEL_PLATFORMS:
-        command[4:4] = ["--platform", platform]
+    for tag in _MANYLINUX_TAGS:
+        command[4:4] = ["--platform", f"{tag}_{machine}"]
     _run(command, progress, "download wheels")
     (target / ".complete").write_text("ok\n")
     return target
