@@ -23,14 +23,12 @@ from __future__ import annotations
 import errno
 import io
 import os
-import re
 import secrets
 import stat
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal, Protocol
+from typing import Protocol
 
 from sandbox_runtime.errors import (
     FileTooLarge,
@@ -39,6 +37,14 @@ from sandbox_runtime.errors import (
     PathRejected,
     UnsafeFileType,
 )
+from sandbox_runtime.store.path_rules import (
+    DEFAULT_MOUNT_PATH,
+    MAX_NAME_BYTES,
+    MAX_PATH_BYTES,
+    display_name,
+    parse_model_path,
+)
+from sandbox_runtime.store.walk import Entry, EntryKind, Usage, entry_kind, measure_usage
 
 __all__ = [
     "DEFAULT_MOUNT_PATH",
@@ -53,22 +59,14 @@ __all__ = [
     "read_capped",
 ]
 
-DEFAULT_MOUNT_PATH = "/mnt/results"
-MAX_NAME_BYTES = 255
-MAX_PATH_BYTES = 4096
 
 PathArg = str | tuple[str, ...]
-EntryKind = Literal["file", "dir", "symlink", "fifo", "socket", "char_device", "block_device", "other"]
 
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _FILE_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY
 _TMP_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 _READ_CHUNK = 1 << 20
 _UNSAFE_ERRNOS = frozenset({errno.ELOOP, errno.ENOTDIR, errno.EXDEV, errno.ENXIO, errno.EISDIR})
-_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
-_ENCODED = re.compile(r"%(?:25)*(?:2e|2f|5c)", re.IGNORECASE)
-_UNDISPLAYABLE = re.compile(r"[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069\ud800-\udfff]")
-_ACCEPTED = "a path inside the results folder, e.g. 'spill/a.json' or '{mount}/spill/a.json'"
 
 _KIND_TEXT: dict[EntryKind, str] = {
     "file": "a regular file",
@@ -82,53 +80,8 @@ _KIND_TEXT: dict[EntryKind, str] = {
 }
 
 
-@dataclass(frozen=True, slots=True)
-class Usage:
-    """Space used below the results folder; ``complete`` is False when a bound stopped the walk."""
-
-    bytes_used: int
-    files: int
-    dirs: int
-    others: int
-    complete: bool
-
-
-@dataclass(frozen=True, slots=True)
-class Entry:
-    """One folder entry, never followed: ``name`` may hold surrogate escapes (see :func:`display_name`)."""
-
-    name: str
-    kind: EntryKind
-    size: int
-
-
 class _Reader(Protocol):
     def read(self, size: int = -1, /) -> bytes | None: ...
-
-
-def display_name(name: str) -> str:
-    """Escape control characters, bidi marks and undecodable bytes so ``name`` is safe to show."""
-
-    def escape(match: re.Match[str]) -> str:
-        code = ord(match.group())
-        if 0xDC80 <= code <= 0xDCFF:  # a byte that was not UTF-8, kept by surrogateescape
-            return f"\\x{code - 0xDC00:02x}"
-        return f"\\x{code:02x}" if code <= 0xFF else f"\\u{code:04x}"
-
-    return _UNDISPLAYABLE.sub(escape, name)
-
-
-def _kind(mode: int) -> EntryKind:
-    checks: tuple[tuple[bool, EntryKind], ...] = (
-        (stat.S_ISREG(mode), "file"),
-        (stat.S_ISDIR(mode), "dir"),
-        (stat.S_ISLNK(mode), "symlink"),
-        (stat.S_ISFIFO(mode), "fifo"),
-        (stat.S_ISSOCK(mode), "socket"),
-        (stat.S_ISCHR(mode), "char_device"),
-        (stat.S_ISBLK(mode), "block_device"),
-    )
-    return next((kind for hit, kind in checks if hit), "other")
 
 
 def read_capped(file: _Reader, max_bytes: int, *, label: str = "the file") -> bytes:
@@ -164,7 +117,7 @@ def _refuse_if_not_regular(parent: int, name: str, shown: str) -> None:
     if st is None:
         raise PathNotFound(f"{shown} does not exist in the results folder")
     if not stat.S_ISREG(st.st_mode):
-        raise UnsafeFileType(f"{shown} is {_KIND_TEXT[_kind(st.st_mode)]}; only regular files are read")
+        raise UnsafeFileType(f"{shown} is {_KIND_TEXT[entry_kind(st.st_mode)]}; only regular files are read")
 
 
 def _write_all(fd: int, data: bytes) -> None:
@@ -208,41 +161,8 @@ class ResultsRoot:
 
     # ----------------------------------------------------------------------------------------- paths
     def parse(self, raw: str, *, allow_root: bool = False) -> tuple[str, ...]:
-        """Validate a model-supplied path and return its components relative to the results folder.
-
-        Accepts ``{mount}/x/y`` and ``x/y`` / ``./x/y``; ``.`` and ``a/../b`` are normalised lexically. Raises
-        :class:`PathOutsideResults` for anything malformed, encoded, or outside the folder.
-        """
-        text = _require_str(raw)
-        accepted = _ACCEPTED.format(mount=self._mount)
-
-        def reject(problem: str) -> PathOutsideResults:
-            shown = display_name(text[:80]) + ("..." if len(text) > 80 else "")
-            return PathOutsideResults(f"path '{shown}' {problem}; give {accepted}")
-
-        problem = _text_problem(text)
-        if problem is not None:
-            raise reject(problem)
-        rest = text
-        if text.startswith("/"):
-            if text != self._mount and not text.startswith(self._mount + "/"):
-                raise reject(f"is an absolute path outside {self._mount}")
-            rest = text[len(self._mount) :]
-        parts: list[str] = []
-        for part in rest.split("/"):
-            if part in ("", "."):
-                continue
-            if part == "..":
-                if not parts:
-                    raise reject("climbs above the results folder with '..'")
-                parts.pop()
-                continue
-            if len(part.encode("utf-8", "surrogateescape")) > MAX_NAME_BYTES:
-                raise reject(f"has a name longer than {MAX_NAME_BYTES} bytes")
-            parts.append(part)
-        if not parts and not allow_root:
-            raise reject("names the results folder itself, not a file in it")
-        return tuple(parts)
+        """Validate a model-supplied path; see :func:`~sandbox_runtime.store.path_rules.parse_model_path`."""
+        return parse_model_path(raw, self._mount, allow_root=allow_root)
 
     def sandbox_path(self, components: tuple[str, ...]) -> str:
         """The absolute path of ``components`` inside the sandbox, e.g. ``/mnt/results/spill/a.json``."""
@@ -315,7 +235,7 @@ class ResultsRoot:
             return PathNotFound(f"{shown} does not exist in the results folder")
         st = _lstat(parent, name)
         if st is not None and exc.errno in _UNSAFE_ERRNOS:
-            return UnsafeFileType(f"{shown} is {_KIND_TEXT[_kind(st.st_mode)]}, not {wanted}; refused")
+            return UnsafeFileType(f"{shown} is {_KIND_TEXT[entry_kind(st.st_mode)]}, not {wanted}; refused")
         if exc.errno in _UNSAFE_ERRNOS:
             return UnsafeFileType(f"{shown} is not {wanted} ({exc.strerror}); refused")
         return PathRejected(f"{shown} cannot be opened or created: {exc.strerror}")
@@ -332,7 +252,7 @@ class ResultsRoot:
                 raise self._open_error(exc, parent, name, components, wanted="a regular file") from exc
         try:
             st = os.fstat(fd)
-            kind = _kind(st.st_mode)
+            kind = entry_kind(st.st_mode)
             if kind != "file":
                 raise UnsafeFileType(f"{shown} is {_KIND_TEXT[kind]}; only regular files are read")
             if st.st_dev != root_dev:
@@ -458,7 +378,7 @@ class ResultsRoot:
 
     def _exists_error(self, parent: int, name: str, shown: str) -> PathRejected:
         st = _lstat(parent, name)
-        kind = _kind(st.st_mode) if st is not None else "other"
+        kind = entry_kind(st.st_mode) if st is not None else "other"
         if kind == "file":
             return PathRejected(f"{shown} already exists; choose another name")
         return UnsafeFileType(f"{shown} already exists as {_KIND_TEXT[kind]}; refusing to write there")
@@ -477,96 +397,9 @@ class ResultsRoot:
                     st = item.stat(follow_symlinks=False)
                 except OSError:
                     continue  # removed while listed
-                entries.append(Entry(item.name, _kind(st.st_mode), st.st_size))
+                entries.append(Entry(item.name, entry_kind(st.st_mode), st.st_size))
         return sorted(entries, key=lambda entry: entry.name)
 
     def measure_usage(self, *, max_entries: int = 200_000, max_depth: int = 256) -> Usage:
-        """Space really used below the root (``st_blocks``), hard links once; bounded, iterative, no links."""
-        if max_entries < 0 or max_depth < 0:
-            raise ValueError("max_entries and max_depth must be >= 0")
-        seen: set[tuple[int, int]] = set()
-        counts = {"bytes": 0, "file": 0, "dir": 0, "other": 0, "entries": 0}
-        stack: list[tuple[int, list[str]]] = []  # one descriptor per level, with its unvisited subfolders
-        complete = True
-        try:
-            root = os.open(self._host_root, _DIR_FLAGS)
-            stack.append((root, []))
-            root_dev = os.fstat(root).st_dev
-            exhausted = not self._scan(root, stack[-1][1], seen, counts, max_entries)
-            while not exhausted and stack:
-                top, pending = stack[-1]
-                if not pending:
-                    os.close(top)
-                    stack.pop()
-                    continue
-                name = pending.pop()
-                if len(stack) > max_depth:  # the subfolders of ``top`` lie deeper than max_depth
-                    pending.clear()
-                    complete = False
-                    continue
-                try:
-                    child = os.open(name, _DIR_FLAGS, dir_fd=top)
-                except OSError:  # swapped for a link, removed, or out of descriptors: not counted
-                    complete = False
-                    continue
-                stack.append((child, []))
-                if os.fstat(child).st_dev != root_dev:  # a mount below the root is not ours to count
-                    complete = False
-                    continue
-                exhausted = not self._scan(child, stack[-1][1], seen, counts, max_entries)
-        finally:
-            for top, _pending in stack:
-                os.close(top)
-        return Usage(counts["bytes"], counts["file"], counts["dir"], counts["other"], complete and not exhausted)
-
-    @staticmethod
-    def _scan(
-        fd: int, subdirs: list[str], seen: set[tuple[int, int]], counts: dict[str, int], max_entries: int
-    ) -> bool:
-        """Count one folder's entries and collect its subfolders; False when the entry budget ran out."""
-        with os.scandir(fd) as it:
-            for item in it:
-                if counts["entries"] >= max_entries:
-                    return False
-                counts["entries"] += 1
-                try:
-                    st = item.stat(follow_symlinks=False)
-                except OSError:
-                    continue
-                kind = _kind(st.st_mode)
-                counts[kind if kind in ("file", "dir") else "other"] += 1
-                if kind == "dir":
-                    subdirs.append(item.name)
-                if st.st_nlink > 1 and kind != "dir":
-                    if (st.st_dev, st.st_ino) in seen:
-                        continue
-                    seen.add((st.st_dev, st.st_ino))
-                counts["bytes"] += st.st_blocks * 512
-        return True
-
-
-def _text_problem(text: str) -> str | None:
-    """What is wrong with the characters of a path, before it is split; None if nothing."""
-    try:
-        size = len(text.encode("utf-8", "surrogateescape"))
-    except UnicodeEncodeError:
-        size = -1
-    checks = (
-        (not text.strip(), "is empty"),
-        ("\x00" in text, "contains a NUL byte"),
-        (_CONTROL.search(text) is not None, "contains a control character"),
-        (size < 0, "contains an unpaired surrogate"),
-        (size > MAX_PATH_BYTES, f"is {size} bytes long, more than {MAX_PATH_BYTES}"),
-        (
-            _ENCODED.search(text) is not None,
-            "contains a percent-encoded '.', '/' or '\\' (an encoding trick)",
-        ),
-        ("\\" in text, "contains a backslash; use '/' between folders"),
-    )
-    return next((problem for bad, problem in checks if bad), None)
-
-
-def _require_str(value: object) -> str:
-    if not isinstance(value, str):
-        raise PathOutsideResults(f"a path must be a string, not {type(value).__name__}")
-    return value
+        """Space really used below the root; see :func:`~sandbox_runtime.store.walk.measure_usage`."""
+        return measure_usage(self._host_root, max_entries=max_entries, max_depth=max_depth)
