@@ -12,7 +12,7 @@ PACKAGE = Path(sandbox_runtime.__file__).parent
 
 def test_the_public_names_are_exactly_all() -> None:
     public = {name for name in dir(sandbox_runtime) if not name.startswith("_")}
-    modules = {"errors", "policy", "runtime", "tools", "sandbox", "store", "state"}
+    modules = {"errors", "policy", "runtime", "tools", "sandbox", "spill", "store", "state"}
     assert public - modules == set(sandbox_runtime.__all__)
 
 
@@ -36,7 +36,7 @@ def test_only_the_docker_backend_imports_docker() -> None:
 
 
 def test_lower_layers_never_import_higher_ones() -> None:
-    layers = ["policy", "sandbox", "store", "tools", "runtime", "cli"]
+    layers = ["policy", "sandbox", "store", "spill", "tools", "runtime", "cli"]
     # store (safe paths, quota) sits beside the sandbox layer; neither may reach tools, the API or the CLI
     for path in PACKAGE.rglob("*.py"):
         relative = path.relative_to(PACKAGE)

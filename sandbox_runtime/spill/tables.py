@@ -1,0 +1,333 @@
+"""Recognising tables in tool results, and the typed, line-oriented file they are written as.
+
+Shapes recognised (issue 3, item 3): a JSON array of objects; a ``{"columns": [...], "rows": [[...]]}`` object;
+CSV and TSV text; Markdown tables; Python-literal lists of dicts (some MCP servers print those; parsed with
+``ast.literal_eval`` behind size and nesting gates, never ``eval``). Anything else is not a table, and
+:func:`recognise_table` says why, so the caller writes it as JSON or text instead.
+
+The file (``*.table.jsonl``): line 1 is a header object ``{"format": "sandbox-runtime.table", "version": 1,
+"columns": [...], "column_types": [...]}``; every further line is one row as a JSON array. Numbers stay numbers,
+dates and datetimes are ISO strings typed by their column, NULL is ``null``. Rows are written and read one at a
+time, so memory does not grow with the row count.
+"""
+
+from __future__ import annotations
+
+import ast
+import csv
+import datetime as dt
+import io
+import json
+import math
+import re
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from typing import IO, Any, Literal
+
+__all__ = [
+    "TABLE_FORMAT",
+    "ColumnType",
+    "Table",
+    "TableFileError",
+    "iter_table_file",
+    "recognise_table",
+    "write_table_file",
+]
+
+TABLE_FORMAT = "sandbox-runtime.table"
+ColumnType = Literal["integer", "number", "boolean", "date", "datetime", "string", "empty"]
+Cell = int | float | bool | str | dt.date | dt.datetime | None
+
+_LITERAL_MAX_CHARS = 5_000_000  # larger Python-literal text is not parsed (ast costs ~100x the text in memory)
+_LITERAL_MAX_DEPTH = 64
+_DATE = re.compile(r"\d{4}-\d{2}-\d{2}")
+_DATETIME = re.compile(r"\d{4}-\d{2}-\d{2}[T ]\d{2}:\d{2}(:\d{2}(\.\d{1,6})?)?(Z|[+-]\d{2}:?\d{2})?")
+_INTEGER = re.compile(r"[+-]?\d{1,18}")
+_NUMBER = re.compile(r"[+-]?(\d+\.\d*|\.\d+|\d+)([eE][+-]?\d+)?")
+_LEADING_ZERO = re.compile(r"[+-]?0\d")
+_MD_RULE = re.compile(r"\|?\s*:?-{3,}:?\s*(\|\s*:?-{3,}:?\s*)*\|?")
+
+
+class TableFileError(ValueError):
+    """A table file is not in the format this module writes; the message says where and why."""
+
+
+@dataclass(frozen=True)
+class Table:
+    """A recognised table: unique column names, typed rows, and the shape it was found in."""
+
+    columns: tuple[str, ...]
+    rows: list[list[Cell]]
+    column_types: tuple[ColumnType, ...]
+    shape: str
+    notes: tuple[str, ...] = ()
+
+
+# recognition --------------------------------------------------------------------------------------------
+def recognise_table(result: object) -> Table | str:
+    """The table in ``result`` (a parsed JSON value or a text), or the reason it is not one."""
+    if isinstance(result, str):
+        return _from_text(result)
+    return _from_value(result, shape_prefix="json")
+
+
+def _from_value(value: object, shape_prefix: str) -> Table | str:
+    if isinstance(value, list):
+        return _from_records(value, shape_prefix)
+    if isinstance(value, dict) and set(value) >= {"columns", "rows"}:
+        return _from_columns_rows(value["columns"], value["rows"], shape_prefix)
+    return "not a list of objects or a {columns, rows} object"
+
+
+def _from_records(value: list[Any], shape_prefix: str) -> Table | str:
+    if not value:
+        return "an empty list has no columns"
+    if not all(isinstance(item, dict) for item in value):
+        return "a list whose items are not all objects"
+    columns: dict[str, None] = {}
+    for record in value:
+        for key in record:
+            columns.setdefault(str(key), None)
+    names = tuple(columns)
+    rows = [[_cell(record.get(name)) for name in names] for record in value]
+    return _typed(names, rows, f"{shape_prefix}_records", ())
+
+
+def _from_columns_rows(raw_columns: object, raw_rows: object, shape_prefix: str) -> Table | str:
+    if not isinstance(raw_columns, list) or not isinstance(raw_rows, list):
+        return "'columns' and 'rows' must both be lists"
+    names, notes = _unique_names([_column_name(c) for c in raw_columns])
+    if not names:
+        return "'columns' is empty"
+    for number, row in enumerate(raw_rows, start=1):
+        if not isinstance(row, list) or len(row) != len(names):
+            return f"row {number} has {len(row) if isinstance(row, list) else 'no'} cells for {len(names)} columns"
+    return _typed(names, [[_cell(v) for v in row] for row in raw_rows], f"{shape_prefix}_columns_rows", notes)
+
+
+def _column_name(column: object) -> str:
+    if isinstance(column, dict) and "name" in column:
+        return str(column["name"])
+    return str(column)
+
+
+def _from_text(text: str) -> Table | str:
+    stripped = text.strip()
+    if not stripped:
+        return "empty text"
+    if stripped[0] in "[{":
+        return _from_json_like(stripped)
+    lines = [line for line in stripped.splitlines() if line.strip()]
+    if len(lines) >= 2 and lines[0].lstrip().startswith("|") and _MD_RULE.fullmatch(lines[1].strip()):
+        return _markdown(lines)
+    for delimiter, shape in (("\t", "tsv"), (",", "csv")):
+        table = _delimited(stripped, delimiter, shape)
+        if isinstance(table, Table):
+            return table
+    return "text without a recognisable table (JSON, CSV/TSV or Markdown)"
+
+
+def _from_json_like(text: str) -> Table | str:
+    try:
+        return _from_value(json.loads(text, parse_constant=_reject_constant), shape_prefix="json")
+    except (ValueError, RecursionError):
+        value = _python_literal(text)
+    if value is not None:
+        return _from_value(value, shape_prefix="python")
+    return "text that starts like JSON but is neither JSON nor a Python literal (or is too large or deep)"
+
+
+def _reject_constant(name: str) -> object:
+    raise ValueError(f"{name} is not JSON")
+
+
+def _python_literal(text: str) -> object | None:
+    """A list or dict written as a Python literal; None when it is not one or is too large or deep."""
+    if len(text) > _LITERAL_MAX_CHARS or _nesting(text) > _LITERAL_MAX_DEPTH:
+        return None
+    try:
+        value = ast.literal_eval(text)
+    except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
+        return None
+    return value if isinstance(value, list | dict) else None
+
+
+def _nesting(text: str) -> int:
+    depth = deepest = 0
+    for char in text:
+        if char in "[{(":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif char in "]})":
+            depth -= 1
+    return deepest
+
+
+def _markdown(lines: list[str]) -> Table | str:
+    def cells(line: str) -> list[str]:
+        inner = line.strip().removeprefix("|").removesuffix("|")
+        return [cell.strip().replace("\\|", "|") for cell in re.split(r"(?<!\\)\|", inner)]
+
+    header = cells(lines[0])
+    body = [cells(line) for line in lines[2:]]
+    if any(len(row) != len(header) for row in body):
+        return "a Markdown table with rows of different widths"
+    names, notes = _unique_names(header)
+    return _typed(names, [[_text_cell(c) for c in row] for row in body], "markdown", notes)
+
+
+def _delimited(text: str, delimiter: str, shape: str) -> Table | str:
+    rows = list(csv.reader(io.StringIO(text), delimiter=delimiter))
+    rows = [row for row in rows if row]
+    if len(rows) < 2 or len(rows[0]) < 2:
+        return f"not {shape}: fewer than two lines or columns"
+    if any(len(row) != len(rows[0]) for row in rows):
+        return f"not {shape}: rows of different widths"
+    names, notes = _unique_names([name.strip() for name in rows[0]])
+    return _typed(names, [[_text_cell(c) for c in row] for row in rows[1:]], shape, notes)
+
+
+def _unique_names(raw: list[str]) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """Column names made unique and non-empty (``name``, ``name_2``; ``column_3``), with a note per change."""
+    names: list[str] = []
+    notes: list[str] = []
+    taken: set[str] = set()
+    for index, name in enumerate(raw, start=1):
+        candidate = name or f"column_{index}"
+        base, suffix = candidate, 2
+        while candidate in taken:
+            candidate, suffix = f"{base}_{suffix}", suffix + 1
+        if candidate != name:
+            notes.append(f"column {index} {name!r} renamed {candidate!r}")
+        taken.add(candidate)
+        names.append(candidate)
+    return tuple(names), tuple(notes)
+
+
+# cells and types ----------------------------------------------------------------------------------------
+def _cell(value: object) -> Cell:
+    """A JSON value as a cell: scalars as they are (NaN/inf become NULL); nested values as compact JSON."""
+    if value is None or isinstance(value, bool | int | str):
+        return value
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":"), default=str)
+
+
+def _text_cell(text: str) -> Cell:
+    """A CSV/Markdown cell: empty is NULL, numbers and booleans are parsed, everything else stays text."""
+    value = text.strip()
+    if not value or value.upper() in ("NULL", "NONE"):
+        return None
+    if _LEADING_ZERO.match(value):
+        return text  # a code such as a postal code or an id, not a number
+    if _INTEGER.fullmatch(value):
+        return int(value)
+    if _NUMBER.fullmatch(value):
+        return float(value)
+    if value.lower() in ("true", "false"):
+        return value.lower() == "true"
+    return text
+
+
+def _value_type(value: Cell) -> ColumnType:
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, int):
+        return "integer"
+    if isinstance(value, float):
+        return "number"
+    if isinstance(value, str):
+        if _DATE.fullmatch(value) and _parse_date(value) is not None:
+            return "date"
+        if _DATETIME.fullmatch(value) and _parse_datetime(value) is not None:
+            return "datetime"
+    return "string"
+
+
+def _column_type(values: Iterable[Cell]) -> ColumnType:
+    kinds = {_value_type(v) for v in values if v is not None}
+    if not kinds:
+        return "empty"
+    if len(kinds) == 1:
+        return next(iter(kinds))
+    if kinds == {"integer", "number"}:
+        return "number"
+    if kinds == {"date", "datetime"}:
+        return "datetime"
+    return "string"
+
+
+def _typed(names: tuple[str, ...], rows: list[list[Cell]], shape: str, notes: tuple[str, ...]) -> Table:
+    types = tuple(_column_type(row[index] for row in rows) for index in range(len(names)))
+    for row in rows:
+        for index, kind in enumerate(types):
+            row[index] = _coerce(row[index], kind)
+    return Table(columns=names, rows=rows, column_types=types, shape=shape, notes=notes)
+
+
+def _coerce(value: Cell, kind: ColumnType) -> Cell:
+    """Dates and datetimes become date objects by their column's type; every other value keeps its own type."""
+    if isinstance(value, str) and kind == "date":
+        return _parse_date(value)
+    if isinstance(value, str) and kind == "datetime":
+        return _parse_datetime(value)
+    return value
+
+
+def _parse_date(text: str) -> dt.date | None:
+    try:
+        return dt.date.fromisoformat(text)
+    except ValueError:
+        return None
+
+
+def _parse_datetime(text: str) -> dt.datetime | None:
+    try:
+        return dt.datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+
+
+# the file ---------------------------------------------------------------------------------------------
+def _encode(value: Cell) -> Any:
+    if isinstance(value, dt.datetime | dt.date):
+        return value.isoformat()
+    return value
+
+
+def write_table_file(table: Table, out: IO[str]) -> int:
+    """Write the header and one line per row; returns the number of rows written."""
+    header = {
+        "format": TABLE_FORMAT,
+        "version": 1,
+        "columns": list(table.columns),
+        "column_types": list(table.column_types),
+    }
+    out.write(json.dumps(header, ensure_ascii=False) + "\n")
+    count = 0
+    for row in table.rows:
+        out.write(json.dumps([_encode(v) for v in row], ensure_ascii=False, allow_nan=False) + "\n")
+        count += 1
+    return count
+
+
+def iter_table_file(lines: Iterable[str]) -> Iterator[tuple[tuple[str, ...], tuple[ColumnType, ...], list[Cell]]]:
+    """Yield ``(columns, column_types, row)`` for every row, with dates and datetimes decoded by column type."""
+    stream = iter(lines)
+    try:
+        header = json.loads(next(stream))
+    except (StopIteration, ValueError) as exc:
+        raise TableFileError("line 1: not a table header") from exc
+    if not isinstance(header, dict) or header.get("format") != TABLE_FORMAT:
+        raise TableFileError(f"line 1: not a {TABLE_FORMAT} header")
+    columns = tuple(str(c) for c in header["columns"])
+    types: tuple[ColumnType, ...] = tuple(header["column_types"])
+    for number, line in enumerate(stream, start=2):
+        try:
+            row = json.loads(line)
+        except ValueError as exc:
+            raise TableFileError(f"line {number}: not a JSON row ({exc})") from exc
+        if not isinstance(row, list) or len(row) != len(columns):
+            raise TableFileError(f"line {number}: expected {len(columns)} cells")
+        yield columns, types, [_coerce(value, kind) for value, kind in zip(row, types, strict=True)]
