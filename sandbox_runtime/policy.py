@@ -23,6 +23,7 @@ __all__ = [
     "RunPolicy",
     "SandboxLimits",
     "SandboxPolicy",
+    "SpillPolicy",
     "StorePolicy",
     "load_policy",
     "policy_from_mapping",
@@ -91,13 +92,25 @@ class StorePolicy(_Model):
     read_max_bytes: PositiveInt = Field(64 * MiB, description="Largest file the host reads from results.")
 
 
+class SpillPolicy(_Model):
+    """When a tool result goes to a file, and how much of it the model still sees inline."""
+
+    threshold_chars: PositiveInt = Field(1000, description="Results of this many characters or more are spilled.")
+    inline_cap_tokens: PositiveInt = Field(
+        50_000, description="Above this (estimated as characters / 4) the model sees a preview instead."
+    )
+    preview_chars: PositiveInt = Field(2000, description="Preview length in characters (whole code points).")
+    retention_s: PositiveInt = Field(7 * 86400, description="Spill files expire after this many seconds.")
+
+
 class Policy(_Model):
-    """A whole policy: sandbox, run and store settings."""
+    """A whole policy: sandbox, run, store and spill settings."""
 
     name: str = Field("custom", description="A label shown by doctor and ls.")
     sandbox: SandboxPolicy = SandboxPolicy()
     run: RunPolicy = RunPolicy()
     store: StorePolicy = StorePolicy()
+    spill: SpillPolicy = SpillPolicy()
 
     def digest(self) -> str:
         """A short, stable hash of every value; carried as a container label."""

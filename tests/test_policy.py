@@ -11,6 +11,7 @@ from sandbox_runtime.policy import BUILTIN_POLICY_NAMES, Policy, load_policy
 
 UNIT_SUFFIXES = (
     "_bytes",
+    "_tokens",
     "_s",
     "_max",
     "_count",

@@ -133,3 +133,8 @@ def test_rows_are_read_one_at_a_time() -> None:
     rows = iter_table_file(lines)
     assert next(rows)[2] == [1]
     assert sum(1 for _ in rows) == 999_999
+
+
+@pytest.mark.parametrize("text", ["z" * 300_000, "a,b\n" + "x" * 200_000 + ",1\n"])
+def test_very_long_lines_are_not_a_table_and_do_not_break_the_csv_reader(text: str) -> None:
+    assert isinstance(recognise_table(text), str)

@@ -177,7 +177,13 @@ def _markdown(lines: list[str]) -> Table | str:
 
 
 def _delimited(text: str, delimiter: str, shape: str) -> Table | str:
-    rows = list(csv.reader(io.StringIO(text), delimiter=delimiter))
+    first_line = text.split("\n", 1)[0]
+    if delimiter not in first_line:
+        return f"not {shape}: no {delimiter!r} in the first line"
+    try:
+        rows = list(csv.reader(io.StringIO(text), delimiter=delimiter))
+    except csv.Error as exc:
+        return f"not {shape}: {exc}"
     rows = [row for row in rows if row]
     if len(rows) < 2 or len(rows[0]) < 2:
         return f"not {shape}: fewer than two lines or columns"
