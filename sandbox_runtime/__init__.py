@@ -5,6 +5,7 @@ from sandbox_runtime.errors import (
     FileTooLarge,
     ImageError,
     InvalidConversationId,
+    InvalidToolArguments,
     PathNotFound,
     PathOutsideResults,
     PathRejected,
@@ -18,7 +19,7 @@ from sandbox_runtime.errors import (
 )
 from sandbox_runtime.policy import Policy, load_policy
 from sandbox_runtime.runtime import Conversation, Runtime
-from sandbox_runtime.tools.run_python import InvalidToolArguments, RunPythonResult
+from sandbox_runtime.tools.run_python import RunPythonResult
 
 __all__ = [
     "Conversation",

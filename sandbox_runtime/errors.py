@@ -8,6 +8,7 @@ raises, runs out of time or memory) are *results* with ``is_error`` set, never e
     SandboxRuntimeError
     ├── PolicyError (ValueError)               a policy file or value is invalid
     ├── InvalidConversationId (ValueError)     a conversation id has bad characters or length
+    ├── InvalidToolArguments (ValueError)      a tool call's arguments do not fit its schema or the policy's caps
     ├── PathRejected (PermissionError)         a model-supplied path is refused
     │   ├── PathOutsideResults                 it resolves outside the results folder (or is malformed)
     │   ├── UnsafeFileType                     symlink, FIFO, device, socket, directory, hard link, other device
@@ -31,6 +32,7 @@ __all__ = [
     "FileTooLarge",
     "ImageError",
     "InvalidConversationId",
+    "InvalidToolArguments",
     "PathNotFound",
     "PathOutsideResults",
     "PathRejected",
@@ -54,6 +56,10 @@ class PolicyError(SandboxRuntimeError, ValueError):
 
 class InvalidConversationId(SandboxRuntimeError, ValueError):
     """A conversation id is empty, too long, or has characters outside ``[A-Za-z0-9_-]``."""
+
+
+class InvalidToolArguments(SandboxRuntimeError, ValueError):
+    """A tool was called with arguments that do not fit its schema or the policy's caps; names the field."""
 
 
 class PathRejected(SandboxRuntimeError, PermissionError):

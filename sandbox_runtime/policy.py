@@ -62,7 +62,6 @@ class SandboxPolicy(_Model):
     results_mount_path: str = Field("/mnt/results", description="Where the results folder appears inside.")
     idle_timeout_s: PositiveInt = Field(1800, description="Remove a sandbox unused this long (seconds).")
     max_lifetime_s: PositiveInt = Field(86400, description="Remove any sandbox this old (seconds).")
-    start_timeout_s: PositiveInt = Field(60, description="Longest wait for a container to start (seconds).")
     limits: SandboxLimits = SandboxLimits()
 
 
@@ -88,7 +87,6 @@ class StorePolicy(_Model):
         description="'loop': kernel-enforced ext4 image per conversation (needs root); 'measured': usage "
         "checked after each run (no root needed); 'auto': loop where possible, else measured.",
     )
-    args_file_max_bytes: PositiveInt = Field(1 * MiB, description="Largest JSON argument file (bytes).")
     read_max_bytes: PositiveInt = Field(64 * MiB, description="Largest file the host reads from results.")
 
 

@@ -6,9 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from sandbox_runtime.errors import PathNotFound, PathOutsideResults, UnsafeFileType
+from sandbox_runtime.errors import InvalidToolArguments, PathNotFound, PathOutsideResults, UnsafeFileType
 from sandbox_runtime.runtime import Runtime
-from sandbox_runtime.tools.run_python import InvalidToolArguments
 from tests.failure_corpus.cases import Case, load_cases, prepare_run_dir
 
 pytestmark = pytest.mark.docker

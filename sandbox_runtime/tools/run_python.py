@@ -26,7 +26,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from sandbox_runtime.errors import PathNotFound, PathRejected, SandboxGone, SandboxRuntimeError
+from sandbox_runtime.errors import InvalidToolArguments, PathNotFound, PathRejected, SandboxGone
 from sandbox_runtime.policy import Policy
 from sandbox_runtime.sandbox.backend import ExecRequest, ExecResult
 from sandbox_runtime.sandbox.manager import Sandbox, SandboxManager
@@ -48,10 +48,6 @@ _NO_SPACE = re.compile(r"\[Errno 28\]|No space left on device")
 # ext4 refuses a large write while its delayed allocation still holds reservations, so the folder reads
 # "nearly full" rather than full when the script fails: within 5 % of the quota (at least 4 MiB)
 _NEARLY_FULL_BYTES = 4 * 1024 * 1024
-
-
-class InvalidToolArguments(SandboxRuntimeError, ValueError):
-    """A tool was called with arguments that do not fit its schema; the message names the field."""
 
 
 class RunPythonArgs(BaseModel):
