@@ -12,7 +12,8 @@ raises, runs out of time or memory) are *results* with ``is_error`` set, never e
     ├── PathRejected (PermissionError)         a model-supplied path is refused
     │   ├── PathOutsideResults                 it resolves outside the results folder (or is malformed)
     │   ├── UnsafeFileType                     symlink, FIFO, device, socket, directory, hard link, other device
-    │   └── FileTooLarge                       larger than the cap for this read
+    │   ├── FileTooLarge                       larger than the cap for this read
+    │   └── PathExists (FileExistsError)       a regular file already stands where a new one was to be made
     ├── PathNotFound (FileNotFoundError)       a well-formed path names nothing in the results folder
     ├── EngineUnavailable (ConnectionError)    the Docker engine cannot be reached
     ├── SelfCheckFailed                        the hardening profile is not in force: no sandbox starts
@@ -33,6 +34,7 @@ __all__ = [
     "ImageError",
     "InvalidConversationId",
     "InvalidToolArguments",
+    "PathExists",
     "PathNotFound",
     "PathOutsideResults",
     "PathRejected",
@@ -76,6 +78,10 @@ class UnsafeFileType(PathRejected):
 
 class FileTooLarge(PathRejected):
     """The file is larger than the byte cap of this read."""
+
+
+class PathExists(PathRejected, FileExistsError):
+    """A regular file already stands at the name where the host was to create one (files are never replaced)."""
 
 
 class PathNotFound(SandboxRuntimeError, FileNotFoundError):

@@ -22,7 +22,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
 
-from sandbox_runtime.errors import PathRejected
+from sandbox_runtime.errors import PathExists, PathRejected
 from sandbox_runtime.policy import SpillPolicy
 from sandbox_runtime.spill.tables import Table, recognise_table, write_table_file
 from sandbox_runtime.store.safe_paths import ResultsRoot
@@ -164,8 +164,8 @@ def _publish(root: ResultsRoot, relative: str, data: bytes) -> str:
     """Write once: the same call's result again finds its own file (same bytes) instead of a second copy."""
     try:
         return root.create_file(relative, data)
-    except PathRejected as exc:
-        if "already exists" not in str(exc) or root.read_bytes(relative, max_bytes=len(data)) != data:
+    except PathExists:
+        if root.read_bytes(relative, max_bytes=len(data)) != data:
             raise
         return root.sandbox_path(root.parse(relative))
 

@@ -32,6 +32,7 @@ from typing import Protocol
 
 from sandbox_runtime.errors import (
     FileTooLarge,
+    PathExists,
     PathNotFound,
     PathOutsideResults,
     PathRejected,
@@ -380,7 +381,7 @@ class ResultsRoot:
         st = _lstat(parent, name)
         kind = entry_kind(st.st_mode) if st is not None else "other"
         if kind == "file":
-            return PathRejected(f"{shown} already exists; choose another name")
+            return PathExists(f"{shown} already exists; choose another name")
         return UnsafeFileType(f"{shown} already exists as {_KIND_TEXT[kind]}; refusing to write there")
 
     # ------------------------------------------------------------------------------------ walking
