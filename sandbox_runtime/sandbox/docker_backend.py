@@ -94,6 +94,7 @@ class DockerBackend(SandboxBackend):
             self._client = docker.DockerClient(**kwargs_from_env(environment=env), timeout=int(timeout_s))
         self._api = self._client.api
         self._host_pids_visible = False
+        self._first_pids: dict[str, int] = {}  # container id -> host pid of its first process
 
     # engine -------------------------------------------------------------------------------------------
     def engine_info(self) -> EngineInfo:
@@ -296,11 +297,12 @@ class DockerBackend(SandboxBackend):
         )
 
     def _watch(self, container_id: str) -> Watch:
-        with _mapped("inspect container"):
-            pid = int((self._api.inspect_container(container_id).get("State") or {}).get("Pid") or 0)
-        if not self._host_pids_visible and pid > 0:
-            with contextlib.suppress(OSError):  # visible when the pid's cgroup names the container
-                self._host_pids_visible = container_id in Path(f"/proc/{pid}/cgroup").read_text()
+        pid = self._first_pids.get(container_id, 0)
+        if not _pid_in_container(pid, container_id):  # unknown, or the container was restarted since
+            with _mapped("inspect container"):
+                pid = int((self._api.inspect_container(container_id).get("State") or {}).get("Pid") or 0)
+            self._first_pids[container_id] = pid
+            self._host_pids_visible = self._host_pids_visible or _pid_in_container(pid, container_id)
         return Watch(
             pid,
             self._host_pids_visible,
@@ -362,6 +364,14 @@ class DockerBackend(SandboxBackend):
 
     def close(self) -> None:
         self._client.close()
+
+
+def _pid_in_container(pid: int, container_id: str) -> bool:
+    """Whether host pid ``pid`` is a live process of this container (its cgroup names the container)."""
+    try:
+        return pid > 0 and container_id in Path(f"/proc/{pid}/cgroup").read_text()
+    except OSError:
+        return False
 
 
 def _runtime_version(runtime: Mapping[str, Any]) -> str | None:
