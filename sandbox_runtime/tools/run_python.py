@@ -31,6 +31,7 @@ from sandbox_runtime.policy import Policy
 from sandbox_runtime.sandbox.backend import ExecRequest, ExecResult
 from sandbox_runtime.sandbox.manager import Sandbox, SandboxManager
 from sandbox_runtime.sandbox.profile import PYTHON, code_user, exec_environment, runner_command
+from sandbox_runtime.store.quota import QuotaUsage
 from sandbox_runtime.store.safe_paths import ResultsRoot
 from sandbox_runtime.tools.error_summary import summarize_failure
 
@@ -195,9 +196,10 @@ def run_python(
         if result.container_died:
             seen = result.memory_bytes_seen or 0
             status = "memory_limit" if seen >= _MEMORY_NEAR_LIMIT * policy.sandbox.limits.memory_bytes else "error"
-        if status in ("ok", "error") and _over_quota(manager, sandbox, result):
+        breach = _quota_breach(manager, sandbox, result) if status in ("ok", "error") else None
+        if breach is not None:
             status = "quota_exceeded"
-        return _finish(manager, sandbox, root, script, run_number, result, status, timeout_s)
+        return _finish(policy, root, script, run_number, result, status, timeout_s, breach)
 
 
 def _classify(result: ExecResult, timeout_s: float, oom_before: int | None, oom_after: int | None) -> RunStatus:
@@ -212,8 +214,8 @@ def _classify(result: ExecResult, timeout_s: float, oom_before: int | None, oom_
     return "ok" if result.exit_code == 0 else "error"
 
 
-def _over_quota(manager: SandboxManager, sandbox: Sandbox, result: ExecResult) -> bool:
-    """Whether the run ran into the disk quota.
+def _quota_breach(manager: SandboxManager, sandbox: Sandbox, result: ExecResult) -> QuotaUsage | None:
+    """The folder's usage when the run ran into the disk quota, else None.
 
     ``loop``: the script failed on ENOSPC and the results filesystem is nearly full — a full ``/tmp`` gives
     the same error, but leaves the results folder with room. ``measured``: the folder is over the quota after
@@ -221,11 +223,11 @@ def _over_quota(manager: SandboxManager, sandbox: Sandbox, result: ExecResult) -
     """
     if sandbox.folders.quota_mode == "measured":
         usage = manager.store.usage(sandbox.folders)
-        return usage.used_bytes > usage.limit_bytes
+        return usage if usage.used_bytes > usage.limit_bytes else None
     if result.exit_code == 0 or not _NO_SPACE.search(_decode(result.stderr[-8192:])):
-        return False
+        return None
     usage = manager.store.usage(sandbox.folders)
-    return usage.free_bytes <= max(_NEARLY_FULL_BYTES, usage.limit_bytes // 20)
+    return usage if usage.free_bytes <= max(_NEARLY_FULL_BYTES, usage.limit_bytes // 20) else None
 
 
 def _not_saved(used: int, limit: int) -> RunPythonResult:
@@ -248,16 +250,15 @@ def _not_saved(used: int, limit: int) -> RunPythonResult:
 
 
 def _finish(
-    manager: SandboxManager,
-    sandbox: Sandbox,
+    policy: Policy,
     root: ResultsRoot,
     script: str,
     run_number: int,
     result: ExecResult,
     status: RunStatus,
     timeout_s: float,
+    breach: QuotaUsage | None,
 ) -> RunPythonResult:
-    policy = manager.policy
     stdout = _decode(result.stdout[: policy.run.stdout_max_bytes])
     stderr = _decode(result.stderr[: policy.run.stderr_max_bytes])
     base: dict[str, Any] = dict(
@@ -319,15 +320,15 @@ def _finish(
             f"bytes are in {output_path or '(not saved: the results folder is full)'}."
         )
     else:
-        usage = manager.store.usage(sandbox.folders)
-        extra = {"used_bytes": usage.used_bytes, "limit_bytes": usage.limit_bytes}
+        assert breach is not None  # noqa: S101  (quota_exceeded is only set together with the breach)
+        extra = {"used_bytes": breach.used_bytes, "limit_bytes": breach.limit_bytes}
         message = (
-            f"The results folder is full: {usage.used_bytes:,} of {usage.limit_bytes:,} bytes used "
+            f"The results folder is full: {breach.used_bytes:,} of {breach.limit_bytes:,} bytes used "
             f"(the conversation's disk quota). Delete files you no longer need and run again. "
             f"{summary.message}"
         )
     return RunPythonResult(
-        message=message[: max(policy.run.error_message_max_chars, 400) * 2],
+        message=message,
         error_path=error_path,
         output_path=output_path,
         **base,
