@@ -1,5 +1,6 @@
 """sandbox-runtime: hardened per-conversation sandboxes and a data path that bypasses model output."""
 
+from sandbox_runtime.dispatch import HostResult, ToolCall, ToolOutcome, TurnReport
 from sandbox_runtime.errors import (
     EngineUnavailable,
     FileTooLarge,
@@ -7,6 +8,7 @@ from sandbox_runtime.errors import (
     InvalidConversationId,
     InvalidToolArguments,
     PathExists,
+    PathExpired,
     PathNotFound,
     PathOutsideResults,
     PathRejected,
@@ -16,32 +18,43 @@ from sandbox_runtime.errors import (
     SandboxGone,
     SandboxRuntimeError,
     SelfCheckFailed,
+    UnknownTool,
     UnsafeFileType,
 )
 from sandbox_runtime.policy import Policy, load_policy
 from sandbox_runtime.runtime import Conversation, Runtime
+from sandbox_runtime.spill.spiller import ResultDescriptor
+from sandbox_runtime.spill.streamed import TableStream
 from sandbox_runtime.tools.run_python import RunPythonResult
 
 __all__ = [
     "Conversation",
     "EngineUnavailable",
     "FileTooLarge",
+    "HostResult",
     "ImageError",
     "InvalidConversationId",
     "InvalidToolArguments",
     "PathExists",
+    "PathExpired",
     "PathNotFound",
     "PathOutsideResults",
     "PathRejected",
     "Policy",
     "PolicyError",
     "QuotaError",
+    "ResultDescriptor",
     "RunPythonResult",
     "Runtime",
     "SandboxError",
     "SandboxGone",
     "SandboxRuntimeError",
     "SelfCheckFailed",
+    "TableStream",
+    "ToolCall",
+    "ToolOutcome",
+    "TurnReport",
+    "UnknownTool",
     "UnsafeFileType",
     "load_policy",
 ]

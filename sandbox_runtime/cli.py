@@ -41,7 +41,7 @@ def _progress(line: str) -> None:
 
 
 def _runtime(args: argparse.Namespace, *, sweep: bool = True) -> Runtime:
-    return Runtime(args.state_dir, args.policy, sweep_on_start=sweep, reap_interval_s=None)
+    return Runtime(args.state_dir, args.policy, sweep_on_start=sweep, reap_interval_s=None, retention_interval_s=None)
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:
@@ -105,12 +105,32 @@ def cmd_demo(args: argparse.Namespace) -> int:
 def cmd_gc(args: argparse.Namespace) -> int:
     with _runtime(args, sweep=False) as runtime:
         removals = runtime.gc()
+        expired = runtime.expire_files()
         if args.json:
-            print(json.dumps([r.model_dump() for r in removals], indent=2))
-        else:
-            rows = [[r.container_id[:12], r.conversation_id or "-", r.reason] for r in removals]
-            print(_table(rows, ["container", "conversation", "reason"]) if rows else "nothing to remove")
-    return EXIT_OK
+            print(
+                json.dumps(
+                    {"sandboxes": [r.model_dump() for r in removals], "files": [r.model_dump() for r in expired]},
+                    indent=2,
+                )
+            )
+            return EXIT_OK if all(r.complete and not r.errors for r in expired) else EXIT_FAILED
+        rows = [[r.container_id[:12], r.conversation_id or "-", r.reason] for r in removals]
+        print(_table(rows, ["container", "conversation", "reason"]) if rows else "no sandbox to remove")
+        days = runtime.policy.spill.retention_s / 86400
+        files = [
+            [r.conversation_id, f"{r.removed_files:,}", f"{r.removed_bytes:,}", f"{r.kept_files:,}"]
+            for r in expired
+            if r.removed_files or r.errors
+        ]
+        print(
+            _table(files, ["conversation", "expired files", "bytes freed", "files kept"])
+            if files
+            else f"no spill, error or argument file older than {days:g} days"
+        )
+        for r in expired:
+            for error in r.errors:
+                print(f"warning: {r.conversation_id}: {error}", file=sys.stderr)
+    return EXIT_OK if all(r.complete and not r.errors for r in expired) else EXIT_FAILED
 
 
 def cmd_ls(args: argparse.Namespace) -> int:
@@ -175,7 +195,9 @@ def build_parser() -> argparse.ArgumentParser:
     build.set_defaults(func=cmd_image_build)
     demo = sub.add_parser("demo", help="play a short scripted conversation")
     demo.set_defaults(func=cmd_demo)
-    gc = sub.add_parser("gc", help="remove orphaned, idle and expired sandboxes")
+    gc = sub.add_parser(
+        "gc", help="remove orphaned, idle and expired sandboxes, and spill, error and argument files past retention"
+    )
     gc.add_argument("--json", action="store_true")
     gc.set_defaults(func=cmd_gc)
     ls = sub.add_parser("ls", help="conversations, their sandboxes and disk use")

@@ -2,7 +2,8 @@
 
 No model is needed: the "model" here is a fixed script of tool calls. It shows inline code, a script written
 once and run by path, a document built with openpyxl in the sandbox, a failure with its short message and full
-error file, and that the sandbox is reused across calls.
+error file, that the sandbox is reused across calls, and a large result spilled to a file that the next
+script reads by path.
 """
 
 from __future__ import annotations
@@ -41,6 +42,21 @@ def total(rows):
 
 data = io.StringIO("id,price\\n1,9.50\\n2,3.25\\n")
 print(total(csv.DictReader(data)))
+"""
+
+
+_ROWS_SCRIPT = """\
+import json
+libraries = ["libpthread.so.0", "libc.so.6", "libm.so.6"]
+print(json.dumps([{"id": i, "library": libraries[i % 3], "size_kb": 12.5 * i} for i in range(321)]))
+"""
+
+_SUM_SCRIPT = """\
+import json
+with open("{path}") as table:
+    header = json.loads(next(table))
+    size = header["columns"].index("size_kb")
+    print(sum(json.loads(line)[size] for line in table))
 """
 
 
@@ -94,6 +110,17 @@ def run_demo(runtime: Runtime, out: TextIO) -> int:
     )
     print(probe.stdout.strip(), file=out)
     failures += probe.status != "ok"
+
+    step("6. a 321-row result goes to a file before the model sees it; the next script reads it by path")
+    rows = conversation.call("run_python", {"code": _ROWS_SCRIPT}, call_id="rows")
+    d = rows.descriptor
+    address = [line for line in rows.text.splitlines() if line.startswith("[saved to")]
+    print(f"the model got {len(rows.text):,} characters with the address:\n{''.join(address)}", file=out)
+    failures += d is None or d.rows != 321
+    if d is not None:
+        summed = conversation.call("run_python", {"code": _SUM_SCRIPT.format(path=d.path)}, call_id="sum")
+        print(f"a script summed the file: {summed.text.splitlines()[0]} (no row was retyped)", file=out)
+        failures += summed.is_error
 
     usage = conversation.usage()
     print(

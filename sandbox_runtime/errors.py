@@ -9,12 +9,14 @@ raises, runs out of time or memory) are *results* with ``is_error`` set, never e
     ├── PolicyError (ValueError)               a policy file or value is invalid
     ├── InvalidConversationId (ValueError)     a conversation id has bad characters or length
     ├── InvalidToolArguments (ValueError)      a tool call's arguments do not fit its schema or the policy's caps
+    │   └── UnknownTool                        no tool has that name
     ├── PathRejected (PermissionError)         a model-supplied path is refused
     │   ├── PathOutsideResults                 it resolves outside the results folder (or is malformed)
     │   ├── UnsafeFileType                     symlink, FIFO, device, socket, directory, hard link, other device
     │   ├── FileTooLarge                       larger than the cap for this read
     │   └── PathExists (FileExistsError)       a regular file already stands where a new one was to be made
     ├── PathNotFound (FileNotFoundError)       a well-formed path names nothing in the results folder
+    │   └── PathExpired                        it named a file that retention removed (says when; re-run)
     ├── EngineUnavailable (ConnectionError)    the Docker engine cannot be reached
     ├── SelfCheckFailed                        the hardening profile is not in force: no sandbox starts
     ├── ImageError                             the executor image is missing or could not be built
@@ -35,6 +37,7 @@ __all__ = [
     "InvalidConversationId",
     "InvalidToolArguments",
     "PathExists",
+    "PathExpired",
     "PathNotFound",
     "PathOutsideResults",
     "PathRejected",
@@ -44,6 +47,7 @@ __all__ = [
     "SandboxGone",
     "SandboxRuntimeError",
     "SelfCheckFailed",
+    "UnknownTool",
     "UnsafeFileType",
 ]
 
@@ -62,6 +66,10 @@ class InvalidConversationId(SandboxRuntimeError, ValueError):
 
 class InvalidToolArguments(SandboxRuntimeError, ValueError):
     """A tool was called with arguments that do not fit its schema or the policy's caps; names the field."""
+
+
+class UnknownTool(InvalidToolArguments):
+    """A call named a tool that does not exist; the message lists the tools there are."""
 
 
 class PathRejected(SandboxRuntimeError, PermissionError):
@@ -86,6 +94,10 @@ class PathExists(PathRejected, FileExistsError):
 
 class PathNotFound(SandboxRuntimeError, FileNotFoundError):
     """A well-formed path under the results folder names no file (or a parent folder is missing)."""
+
+
+class PathExpired(PathNotFound):
+    """The path named a spill, error or argument file that retention removed; the message says when."""
 
 
 class EngineUnavailable(SandboxRuntimeError, ConnectionError):

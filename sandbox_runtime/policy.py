@@ -25,11 +25,14 @@ __all__ = [
     "SandboxPolicy",
     "SpillPolicy",
     "StorePolicy",
+    "ToolSpillRule",
+    "ToolsPolicy",
     "load_policy",
     "policy_from_mapping",
 ]
 
 MiB = 1024 * 1024
+CHARS_PER_TOKEN = 4  # the estimate behind every limit given in tokens: English prose and JSON average ~4
 BUILTIN_POLICY_NAMES = ("default", "strict", "gvisor")
 _POLICY_DIR = Path(__file__).resolve().parent / "_data" / "policies"
 
@@ -90,6 +93,15 @@ class StorePolicy(_Model):
     read_max_bytes: PositiveInt = Field(64 * MiB, description="Largest file the host reads from results.")
 
 
+class ToolSpillRule(_Model):
+    """How one tool's results are spilled, overriding what the tool declares itself."""
+
+    mode: Literal["normal", "self_bounded"] = Field(
+        "normal", description="'self_bounded': the tool bounds its own output; never spilled or budgeted."
+    )
+    threshold_chars: PositiveInt | None = Field(None, description="This tool's own spill threshold.")
+
+
 class SpillPolicy(_Model):
     """When a tool result goes to a file, and how much of it the model still sees inline."""
 
@@ -98,7 +110,33 @@ class SpillPolicy(_Model):
         50_000, description="Above this (estimated as characters / 4) the model sees a preview instead."
     )
     preview_chars: PositiveInt = Field(2000, description="Preview length in characters (whole code points).")
-    retention_s: PositiveInt = Field(7 * 86400, description="Spill files expire after this many seconds.")
+    retention_s: PositiveInt = Field(
+        7 * 86400, description="Spill, error and argument files expire after this many seconds."
+    )
+    retention_interval_s: PositiveInt = Field(6 * 3600, description="How often expired files are removed.")
+    turn_budget_chars: PositiveInt = Field(
+        200_000, description="Most characters a turn's results show inline; the largest spilled ones give way."
+    )
+    turn_floor_chars: PositiveInt = Field(
+        5_000, description="Results shorter than this are never replaced by the turn budget."
+    )
+    manifest_max_bytes: PositiveInt = Field(
+        64 * MiB, description="Cap of results/manifest.jsonl; past it spills are still made, not listed."
+    )
+    tools: dict[str, ToolSpillRule] = Field(default_factory=dict, description="Per-tool rules by tool name.")
+
+    @property
+    def inline_cap_chars(self) -> int:
+        """The inline cap in characters: tokens are estimated as 4 characters each (no tokenizer runs)."""
+        return self.inline_cap_tokens * CHARS_PER_TOKEN
+
+
+class ToolsPolicy(_Model):
+    """Limits of the built-in tools other than run_python."""
+
+    read_max_chars: PositiveInt = Field(
+        500_000, description="read_file returns at most this many characters, then a marker with the next offset."
+    )
 
 
 class Policy(_Model):
@@ -109,6 +147,7 @@ class Policy(_Model):
     run: RunPolicy = RunPolicy()
     store: StorePolicy = StorePolicy()
     spill: SpillPolicy = SpillPolicy()
+    tools: ToolsPolicy = ToolsPolicy()
 
     def digest(self) -> str:
         """A short, stable hash of every value; carried as a container label."""
@@ -134,6 +173,8 @@ def policy_from_mapping(data: dict[str, object], source: str = "(mapping)") -> P
         raise PolicyError(f"invalid policy {source}:\n  sandbox.limits.pids_max: must be >= 256 under runsc")
     if policy.run.default_timeout_s > policy.run.max_timeout_s:
         raise PolicyError(f"invalid policy {source}:\n  run.default_timeout_s: larger than run.max_timeout_s")
+    if policy.spill.turn_floor_chars > policy.spill.turn_budget_chars:
+        raise PolicyError(f"invalid policy {source}:\n  spill.turn_floor_chars: larger than spill.turn_budget_chars")
     return policy
 
 

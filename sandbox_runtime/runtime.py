@@ -8,6 +8,18 @@
         conversation = runtime.conversation("support-4711")
         result = conversation.run_python(code="print(6 * 7)")
         print(result.status, result.stdout)
+
+        # what a model's calls go through: spill, turn budget, stored decisions
+        turn = conversation.run_turn([
+            ToolCall(tool="run_python", arguments={"code": "print('x' * 5000)"}, call_id="c1"),
+            HostResult(tool="search", call_id="c2", result=big_json_from_my_own_tool),
+        ])
+        for outcome in turn.outcomes:
+            send_to_model(outcome.call_id, outcome.text)
+        messages = conversation.rebuild_history(my_messages)   # stored texts replayed byte for byte
+
+``Conversation.run_python`` is the low-level call (a :class:`RunPythonResult`, nothing spilled); a model's calls
+go through :meth:`Conversation.call` / :meth:`Conversation.run_turn`.
 """
 
 from __future__ import annotations
@@ -15,17 +27,24 @@ from __future__ import annotations
 import logging
 import os
 import threading
-from collections.abc import Mapping
+import time
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from types import TracebackType
+from typing import Any, Literal
 
+from sandbox_runtime.dispatch import Dispatcher, HostResult, ToolCall, ToolOutcome, TurnReport
 from sandbox_runtime.policy import Policy, load_policy
 from sandbox_runtime.sandbox.backend import SandboxBackend
 from sandbox_runtime.sandbox.manager import Removal, Sandbox, SandboxManager
 from sandbox_runtime.sandbox.selfcheck import SelfCheckReport
-from sandbox_runtime.state import StateDB
+from sandbox_runtime.spill.history import HistoryRebuild, rebuild_history
+from sandbox_runtime.spill.retention import RetentionReport, expire_results
+from sandbox_runtime.state import StateDB, StoredResult
 from sandbox_runtime.store.folders import ConversationFolders, ConversationStore, validate_conversation_id
 from sandbox_runtime.store.quota import QuotaUsage
+from sandbox_runtime.tools.base import SpillMode, ToolContext, ToolSpec
+from sandbox_runtime.tools.builtin import builtin_tools
 from sandbox_runtime.tools.run_python import RunPythonArgs, RunPythonResult, run_python
 
 __all__ = ["Conversation", "Runtime", "default_state_dir"]
@@ -79,6 +98,49 @@ class Conversation:
         """Run with arguments exactly as a model sent them (validated against the tool schema)."""
         return run_python(self.runtime.manager, self.id, arguments)
 
+    def call(self, tool: str, arguments: dict[str, Any] | None = None, *, call_id: str | None = None) -> ToolOutcome:
+        """Run one built-in tool call as a turn of its own; see :meth:`run_turn`."""
+        item = ToolCall(tool=tool, arguments=arguments or {}, call_id=call_id)
+        return self.run_turn([item]).outcomes[0]
+
+    def submit(
+        self,
+        tool: str,
+        call_id: str,
+        result: object,
+        *,
+        is_error: bool = False,
+        spill_mode: SpillMode = "normal",
+        threshold_chars: int | None = None,
+    ) -> ToolOutcome:
+        """Hand in the result of one of the host's own tools as a turn of its own (spill applies); a
+        ``self_bounded`` tool is never spilled, ``threshold_chars`` sets its own spill threshold."""
+        item = HostResult(
+            tool=tool,
+            call_id=call_id,
+            result=result,
+            is_error=is_error,
+            spill_mode=spill_mode,
+            threshold_chars=threshold_chars,
+        )
+        return self.run_turn([item]).outcomes[0]
+
+    def run_turn(self, items: list[ToolCall | HostResult], *, turn_id: str | None = None) -> TurnReport:
+        """Run a batch of calls together: built-in calls in parallel, host results taken in, then the spill and
+        the per-turn budget over all of them. Each decision is stored before this returns; a call id seen
+        before gives its stored outcome again without running anything."""
+        return self.runtime.dispatcher.run_turn(self.id, items, turn_id)
+
+    def rebuild_history(self, messages: list[Any]) -> HistoryRebuild:
+        """The host's message list with every decided tool result replayed byte for byte (see
+        :mod:`~sandbox_runtime.spill.history`); ``messages`` itself is not changed."""
+        decided = self.runtime.state.stored_results(self.id)
+        return rebuild_history(messages, {call_id: r.text for call_id, r in decided.items()})
+
+    def decisions(self) -> list[StoredResult]:
+        """Every stored tool-result decision of this conversation, oldest first."""
+        return list(self.runtime.state.stored_results(self.id).values())
+
     def usage(self) -> QuotaUsage:
         """Bytes used in the results folder against the conversation's quota."""
         return self.runtime.store.usage(self.folders)
@@ -104,7 +166,9 @@ class Runtime:
 
     ``backend`` defaults to Docker (``DOCKER_HOST`` honoured). ``extra_labels`` are added to every container
     (tests use one to clean up by label). At start-up orphans are swept; a background thread reaps idle and
-    expired sandboxes every ``reap_interval_s`` seconds (None: no thread; call :meth:`gc`).
+    expired sandboxes every ``reap_interval_s`` seconds (None: no thread; call :meth:`gc`), and another removes
+    expired spill, error and argument files every ``retention_interval_s`` seconds ("policy": the policy's
+    ``spill.retention_interval_s``, 6 hours by default; None: no thread; call :meth:`expire_files`).
     """
 
     def __init__(
@@ -117,6 +181,7 @@ class Runtime:
         extra_labels: dict[str, str] | None = None,
         sweep_on_start: bool = True,
         reap_interval_s: float | None = 60.0,
+        retention_interval_s: float | Literal["policy"] | None = "policy",
     ) -> None:
         self.policy = policy if isinstance(policy, Policy) else load_policy(policy)
         self.state_dir = Path(state_dir) if state_dir is not None else default_state_dir()
@@ -133,22 +198,40 @@ class Runtime:
         self.state = StateDB(self.state_dir / "state.sqlite3")
         self.store = ConversationStore(self.state_dir, self.policy)
         self.manager = SandboxManager(backend, self.policy, self.store, self.state, image, extra_labels=extra_labels)
+        self.tools: dict[str, ToolSpec] = builtin_tools()
+        self.dispatcher = Dispatcher(self.state, self.policy, self.tools, self._tool_context)
         self._stop = threading.Event()
-        self._reaper: threading.Thread | None = None
+        self._threads: list[threading.Thread] = []
         if sweep_on_start:
             self.manager.sweep_orphans()
         if reap_interval_s is not None:
-            self._reaper = threading.Thread(
-                target=self._reap_loop, args=(reap_interval_s,), name="sandbox-runtime-reaper", daemon=True
-            )
-            self._reaper.start()
+            self._every(reap_interval_s, "reaper", self.manager.reap)
+        if retention_interval_s == "policy":
+            retention_interval_s = self.policy.spill.retention_interval_s
+        if retention_interval_s is not None:
+            self._every(retention_interval_s, "retention", self.expire_files)
 
-    def _reap_loop(self, interval_s: float) -> None:
-        while not self._stop.wait(interval_s):
-            try:
-                self.manager.reap()
-            except Exception:
-                logger.exception("reaping idle sandboxes failed; trying again in %s s", interval_s)
+    def _every(self, interval_s: float, name: str, job: Callable[[], object]) -> None:
+        def loop() -> None:
+            while not self._stop.wait(interval_s):
+                try:
+                    job()
+                except Exception:
+                    logger.exception("the %s job failed; trying again in %s s", name, interval_s)
+
+        thread = threading.Thread(target=loop, name=f"sandbox-runtime-{name}", daemon=True)
+        thread.start()
+        self._threads.append(thread)
+
+    def _tool_context(self, conversation_id: str) -> ToolContext:
+        folders = self.manager.folders(conversation_id)
+        return ToolContext(
+            manager=self.manager,
+            conversation_id=conversation_id,
+            root=self.store.results_root(folders),
+            policy=self.policy,
+            expired=lambda path: self.state.expired_file(conversation_id, path),
+        )
 
     def conversation(self, conversation_id: str) -> Conversation:
         """The conversation with this id (nothing starts until it is used)."""
@@ -162,11 +245,32 @@ class Runtime:
         """Remove orphaned, idle and expired sandboxes now."""
         return self.manager.sweep_orphans()
 
+    def expire_files(self, now: float | None = None) -> list[RetentionReport]:
+        """Remove every conversation's spill, error and argument files older than ``spill.retention_s``."""
+        moment = time.time() if now is None else now
+        reports = []
+        for record in self.state.conversations():
+            with self.manager.lock(record.id):
+                if self.state.conversation(record.id) is None:
+                    continue  # deleted meanwhile: never make its folders again
+                folders = self.manager.folders(record.id)
+                reports.append(
+                    expire_results(
+                        self.state,
+                        record.id,
+                        folders.results,
+                        self.policy.sandbox.results_mount_path,
+                        retention_s=self.policy.spill.retention_s,
+                        now=moment,
+                    )
+                )
+        return reports
+
     def close(self) -> None:
-        """Stop the reaper and release the engine connection; sandboxes keep running for the next start."""
+        """Stop the background jobs and release the engine connection; sandboxes keep running for the next start."""
         self._stop.set()
-        if self._reaper is not None:
-            self._reaper.join(timeout=10)
+        for thread in self._threads:
+            thread.join(timeout=10)
         self.backend.close()
         self.state.close()
 

@@ -1,6 +1,8 @@
-"""The runtime's embedded SQLite state: conversations, their sandboxes, and run numbering.
+"""The runtime's embedded SQLite state: conversations, sandboxes, run numbering, the decision made for every
+tool result (persisted replacements), and the files retention removed.
 
 Every write is one transaction; WAL mode keeps readers from blocking the writer. Connections are per thread.
+Model-facing texts are stored as UTF-8 blobs (surrogates passed through), so a replayed text is the same string.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict
 
-__all__ = ["ConversationRecord", "SandboxRecord", "StateDB"]
+__all__ = ["ConversationRecord", "ExpiredFile", "SandboxRecord", "StateDB", "StoredResult"]
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS conversations (
@@ -31,6 +33,27 @@ CREATE TABLE IF NOT EXISTS sandboxes (
     removed_reason TEXT
 );
 CREATE INDEX IF NOT EXISTS sandboxes_live ON sandboxes(conversation_id) WHERE removed_at IS NULL;
+CREATE TABLE IF NOT EXISTS tool_results (
+    conversation_id TEXT NOT NULL,
+    call_id TEXT NOT NULL,
+    tool TEXT NOT NULL,
+    turn_id TEXT,
+    decided_at REAL NOT NULL,
+    is_error INTEGER NOT NULL,
+    replaced INTEGER NOT NULL,
+    text BLOB NOT NULL,
+    descriptor TEXT,
+    error_path TEXT,
+    PRIMARY KEY (conversation_id, call_id)
+);
+CREATE TABLE IF NOT EXISTS expired_files (
+    conversation_id TEXT NOT NULL,
+    path TEXT NOT NULL,
+    bytes INTEGER NOT NULL,
+    modified_at REAL NOT NULL,
+    removed_at REAL NOT NULL,
+    PRIMARY KEY (conversation_id, path)
+);
 """
 
 
@@ -57,6 +80,45 @@ class SandboxRecord(BaseModel):
     last_used_at: float
     removed_at: float | None = None
     removed_reason: str | None = None
+
+
+class StoredResult(BaseModel):
+    """The decision made for one tool result: the exact text the model was given, kept for replay."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    conversation_id: str
+    call_id: str
+    tool: str
+    turn_id: str | None
+    decided_at: float
+    is_error: bool
+    replaced: bool
+    text: str
+    descriptor: str | None  # the ResultDescriptor as JSON
+    error_path: str | None
+
+
+class ExpiredFile(BaseModel):
+    """A file retention removed: answers "where did it go" with when, instead of a bare "not found"."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    conversation_id: str
+    path: str
+    bytes: int
+    modified_at: float
+    removed_at: float
+
+
+def _text_blob(text: str) -> bytes:
+    return text.encode("utf-8", "surrogatepass")
+
+
+def _stored(row: sqlite3.Row) -> StoredResult:
+    fields = dict(row)
+    fields["text"] = bytes(fields["text"]).decode("utf-8", "surrogatepass")
+    return StoredResult(**fields)
 
 
 class StateDB:
@@ -108,7 +170,8 @@ class StateDB:
         db = self._connect()
         db.execute("BEGIN IMMEDIATE")
         try:
-            db.execute("DELETE FROM sandboxes WHERE conversation_id = ?", (conversation_id,))
+            for table in ("sandboxes", "tool_results", "expired_files"):
+                db.execute(f"DELETE FROM {table} WHERE conversation_id = ?", (conversation_id,))  # noqa: S608
             db.execute("DELETE FROM conversations WHERE id = ?", (conversation_id,))
         except BaseException:
             db.execute("ROLLBACK")
@@ -151,3 +214,83 @@ class StateDB:
             "UPDATE sandboxes SET removed_at = ?, removed_reason = ? WHERE container_id = ? AND removed_at IS NULL",
             (time.time(), reason, container_id),
         )
+
+    # tool results -----------------------------------------------------------------------------------------
+    def store_results(self, results: list[StoredResult]) -> dict[str, StoredResult]:
+        """Record decisions in one transaction; a call id decided before keeps its first decision.
+
+        Returns what is stored for each call id afterwards (the earlier decision where there was one).
+        """
+        db = self._connect()
+        db.execute("BEGIN IMMEDIATE")
+        try:
+            for r in results:
+                db.execute(
+                    "INSERT OR IGNORE INTO tool_results(conversation_id, call_id, tool, turn_id, decided_at, is_error, "
+                    "replaced, text, descriptor, error_path) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    (
+                        r.conversation_id,
+                        r.call_id,
+                        r.tool,
+                        r.turn_id,
+                        r.decided_at,
+                        int(r.is_error),
+                        int(r.replaced),
+                        _text_blob(r.text),
+                        r.descriptor,
+                        r.error_path,
+                    ),
+                )
+        except BaseException:
+            db.execute("ROLLBACK")
+            raise
+        db.execute("COMMIT")
+        by_conversation: dict[str, list[str]] = {}
+        for r in results:
+            by_conversation.setdefault(r.conversation_id, []).append(r.call_id)
+        stored: dict[str, StoredResult] = {}
+        for conversation_id, call_ids in by_conversation.items():
+            stored.update(self.stored_results(conversation_id, call_ids))
+        return stored
+
+    def stored_results(self, conversation_id: str, call_ids: list[str] | None = None) -> dict[str, StoredResult]:
+        """Stored decisions of a conversation (all, or those of ``call_ids``), by call id, oldest first."""
+        db = self._connect()
+        if call_ids is None:
+            rows = db.execute(
+                "SELECT * FROM tool_results WHERE conversation_id = ? ORDER BY decided_at, rowid", (conversation_id,)
+            ).fetchall()
+        else:
+            rows = []
+            for start in range(0, len(call_ids), 500):
+                chunk = call_ids[start : start + 500]
+                marks = ",".join("?" * len(chunk))
+                rows += db.execute(
+                    f"SELECT * FROM tool_results WHERE conversation_id = ? AND call_id IN ({marks}) "  # noqa: S608
+                    "ORDER BY decided_at, rowid",
+                    (conversation_id, *chunk),
+                ).fetchall()
+        return {row["call_id"]: _stored(row) for row in rows}
+
+    # retention --------------------------------------------------------------------------------------------
+    def record_expired(self, files: list[ExpiredFile]) -> None:
+        db = self._connect()
+        db.execute("BEGIN IMMEDIATE")
+        try:
+            db.executemany(
+                "INSERT OR REPLACE INTO expired_files(conversation_id, path, bytes, modified_at, removed_at) "
+                "VALUES (?, ?, ?, ?, ?)",
+                [(f.conversation_id, f.path, f.bytes, f.modified_at, f.removed_at) for f in files],
+            )
+        except BaseException:
+            db.execute("ROLLBACK")
+            raise
+        db.execute("COMMIT")
+
+    def expired_file(self, conversation_id: str, path: str) -> ExpiredFile | None:
+        row = (
+            self._connect()
+            .execute("SELECT * FROM expired_files WHERE conversation_id = ? AND path = ?", (conversation_id, path))
+            .fetchone()
+        )
+        return None if row is None else ExpiredFile(**dict(row))

@@ -21,6 +21,7 @@ from sandbox_runtime.sandbox.docker_backend import DockerBackend
 from sandbox_runtime.sandbox.image import build_executor_image, executor_image_tag
 from sandbox_runtime.sandbox.profile import LABEL_RUNTIME
 from sandbox_runtime.store.quota import QuotaMode
+from sandbox_runtime.store.safe_paths import ResultsRoot
 
 TEST_LABEL = "io.sandbox-runtime.test"
 SESSION = uuid.uuid4().hex[:12]
@@ -65,7 +66,12 @@ def runtime_factory(
     made: list[Runtime] = []
 
     def make(policy: Policy | str = "default", state_dir: Path | None = None, **kwargs: object) -> Runtime:
-        options: dict[str, object] = {"image": executor_image, "reap_interval_s": None, **kwargs}
+        options: dict[str, object] = {
+            "image": executor_image,
+            "reap_interval_s": None,
+            "retention_interval_s": None,
+            **kwargs,
+        }
         runtime = Runtime(
             state_dir or tmp_path_factory.mktemp("state"),
             policy,
@@ -92,6 +98,20 @@ def runtime_factory(
 def runtime(runtime_factory: RuntimeFactory) -> Runtime:
     """A runtime under the default policy."""
     return runtime_factory()
+
+
+@pytest.fixture
+def results(tmp_path: Path) -> Path:
+    """An empty results folder on the host (no Docker needed)."""
+    folder = tmp_path / "results"
+    folder.mkdir()
+    return folder
+
+
+@pytest.fixture
+def root(results: Path) -> ResultsRoot:
+    """The results folder as the host code sees it: hostile below its top."""
+    return ResultsRoot(results)
 
 
 @pytest.fixture(scope="session", params=["runc", "runsc"])

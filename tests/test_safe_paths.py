@@ -44,18 +44,6 @@ def outside(tmp_path: Path) -> Path:
 
 
 @pytest.fixture
-def results(tmp_path: Path) -> Path:
-    folder = tmp_path / "results"
-    folder.mkdir()
-    return folder
-
-
-@pytest.fixture
-def root(results: Path) -> ResultsRoot:
-    return ResultsRoot(results)
-
-
-@pytest.fixture
 def fast_results(tmp_path: Path) -> Iterator[Path]:
     """A results folder on tmpfs where there is one: 50,000 creates can take many seconds on a slow disk."""
     shm = Path("/dev/shm")

@@ -103,11 +103,16 @@ def test_a_failed_spill_never_fails_the_call(root: ResultsRoot, tmp_path: Path) 
     assert outcome.descriptor is None
     assert outcome.warning is not None
     assert "not saved" in outcome.text
-    assert outcome.text.startswith("z" * 2000)
-    assert len(outcome.text) < 3000
+    # inline, but within the inline cap (50,000 tokens ~ 200,000 characters) and saying what was left out
+    assert outcome.text.startswith("z" * POLICY.inline_cap_chars + "\n[not saved to a file (only the first 200,000")
+    assert len(outcome.text) < POLICY.inline_cap_chars + 500
 
 
 def test_odd_tool_and_call_names_give_safe_file_names(root: ResultsRoot) -> None:
     outcome = spill_result(root, "q" * 1000, tool="up/../../etc", call_id="a b\n", policy=POLICY, now=NOW)
     assert outcome.descriptor is not None
-    assert outcome.descriptor.path == "/mnt/results/spill/up_.._.._etc-a_b.txt"
+    assert outcome.descriptor.path == "/mnt/results/spill/up_.._.._etc-a_b-85a675a5.txt"
+    # a call id that only differs in the characters replaced gets its own file, never another call's
+    other = spill_result(root, "r" * 1000, tool="up/../../etc", call_id="a_b_", policy=POLICY, now=NOW)
+    assert other.descriptor is not None
+    assert other.descriptor.path != outcome.descriptor.path

@@ -9,7 +9,14 @@ import time
 
 import pytest
 
-from sandbox_runtime.spill.tables import Table, TableFileError, iter_table_file, recognise_table, write_table_file
+from sandbox_runtime.spill.tables import (
+    Table,
+    TableFileError,
+    iter_table_file,
+    recognise_table,
+    table_file_bytes,
+    write_table_file,
+)
 
 
 def _table(result: object) -> Table:
@@ -19,10 +26,11 @@ def _table(result: object) -> Table:
 
 
 def _round_trip(table: Table) -> list[list[object]]:
-    buffer = io.StringIO()
+    buffer = io.BytesIO()
     assert write_table_file(table, buffer) == len(table.rows)
-    buffer.seek(0)
-    return [row for _columns, _types, row in iter_table_file(buffer)]
+    assert buffer.getvalue() == table_file_bytes(table)
+    lines = io.StringIO(buffer.getvalue().decode("utf-8", "surrogatepass"))
+    return [row for _columns, _types, row in iter_table_file(lines)]
 
 
 def test_a_321_row_json_result_is_a_table_of_321_typed_rows_that_reads_back_intact() -> None:

@@ -14,25 +14,36 @@ from __future__ import annotations
 
 import datetime as dt
 import hashlib
-import io
 import json
 import logging
 import re
+from dataclasses import dataclass
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
 
 from sandbox_runtime.errors import PathExists, PathRejected
 from sandbox_runtime.policy import SpillPolicy
-from sandbox_runtime.spill.tables import Table, recognise_table, write_table_file
-from sandbox_runtime.store.safe_paths import ResultsRoot
+from sandbox_runtime.spill.jsonio import dumps_compact, dumps_pretty, loads
+from sandbox_runtime.spill.manifest import record_in_manifest
+from sandbox_runtime.spill.streamed import StreamedFile, TableStream, buffer_or_stream
+from sandbox_runtime.spill.tables import Table, recognise_table, table_file_bytes
+from sandbox_runtime.store.safe_paths import PRIVATE_FILE_MODE, ResultsRoot
 
-__all__ = ["ResultDescriptor", "SpillOutcome", "spill_result", "unwrap_result"]
+__all__ = [
+    "ResultDescriptor",
+    "SpillOutcome",
+    "file_stem",
+    "publish_once",
+    "spill_result",
+    "unwrap_result",
+]
 
 logger = logging.getLogger(__name__)
 
 SpillFormat = Literal["json", "table", "text"]
-_CHARS_PER_TOKEN = 4
+_TOO_DEEP = "[value not shown"
+_PREVIEW_ROWS = 50  # rows of a streamed table kept for its preview
 _UNSAFE_NAME = re.compile(r"[^A-Za-z0-9_.-]+")
 _NAME_MAX_CHARS = 80
 
@@ -57,11 +68,16 @@ class ResultDescriptor(BaseModel):
 
 
 class SpillOutcome(BaseModel):
-    """What the model sees (``text``), the descriptor when a file was written, and a warning when it failed."""
+    """What the model sees, the descriptor when a file was written, and a warning when writing failed.
+
+    ``stand_in`` is the short form (preview and path) a spilled result can be replaced by; ``text`` already is
+    the stand-in when the result was over the inline cap. Both are None/equal when nothing was spilled.
+    """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     text: str
+    stand_in: str | None = None
     descriptor: ResultDescriptor | None = None
     warning: str | None = None
 
@@ -69,26 +85,43 @@ class SpillOutcome(BaseModel):
 def unwrap_result(result: object) -> tuple[str, Any]:
     """The text the model would see inline, and the JSON value inside it (None when it holds none).
 
-    MCP results lose their wrapper: ``structuredContent`` wins; otherwise the text blocks are joined, and a
-    text that is serialized JSON becomes that value. Non-text blocks are named in the text, not inlined.
+    MCP results lose their wrapper: ``structuredContent`` wins; otherwise the blocks are joined — text as it is,
+    embedded text resources with their URI, other blocks (images, audio, binary resources, links) named with
+    their type and size, never inlined — and a text that is serialized JSON becomes that value. Bytes are
+    decoded as UTF-8 (invalid bytes replaced).
     """
     if isinstance(result, dict) and isinstance(result.get("content"), list):
         if result.get("structuredContent") is not None:
             value = result["structuredContent"]
             return _compact(value), value
-        parts = []
-        for block in result["content"]:
-            if isinstance(block, dict) and block.get("type") == "text":
-                parts.append(str(block.get("text", "")))
-            elif isinstance(block, dict):
-                parts.append(f"[{block.get('type', 'block')}: {block.get('mimeType', 'unknown type')}]")
-        result = "\n".join(parts)
+        result = "\n".join(_block_text(block) for block in result["content"])
+    if isinstance(result, bytes | bytearray | memoryview):
+        result = bytes(result).decode("utf-8", errors="replace")
     if isinstance(result, str):
         return result, _json_in(result)
-    if isinstance(result, dict | list):
-        return _compact(result), result
-    text = str(result)
-    return text, None
+    if isinstance(result, dict | list | tuple):
+        text = _compact(result)
+        return (text, result) if not text.startswith(_TOO_DEEP) else (text, None)
+    return str(result), None
+
+
+def _block_text(block: object) -> str:
+    if not isinstance(block, dict):
+        return str(block)
+    kind = str(block.get("type", "block"))
+    if kind == "text":
+        return str(block.get("text", ""))
+    resource = block.get("resource")
+    if kind == "resource" and isinstance(resource, dict):
+        if isinstance(resource.get("text"), str):
+            return f"[resource {resource.get('uri', '')}]\n{resource['text']}"
+        size = len(str(resource.get("blob", "")))
+        kind_of = resource.get("mimeType", "binary")
+        return f"[resource {resource.get('uri', '')}: {kind_of}, {size:,} base64 characters not shown]"
+    if kind == "resource_link":
+        return f"[resource_link {block.get('uri', '')}: {block.get('name', '')}]"
+    size = len(str(block.get("data", "")))
+    return f"[{kind}: {block.get('mimeType', 'unknown type')}, {size:,} base64 characters not shown]"
 
 
 def _json_in(text: str) -> Any:
@@ -96,29 +129,33 @@ def _json_in(text: str) -> Any:
     if not stripped or stripped[0] not in "[{":
         return None
     try:
-        return json.loads(stripped)
+        return loads(stripped)
     except (ValueError, RecursionError):
         return None
 
 
 def _compact(value: Any) -> str:
-    return json.dumps(value, ensure_ascii=False, separators=(",", ":"), default=str)
+    try:
+        return dumps_compact(value).decode("utf-8", "surrogatepass")
+    except RecursionError:
+        return f"{_TOO_DEEP} (a {type(value).__name__} nested deeper than Python can serialize; not shown)]"
 
 
-def _file_name(tool: str, call_id: str) -> str:
-    stem = f"{_UNSAFE_NAME.sub('_', tool)}-{_UNSAFE_NAME.sub('_', call_id)}".strip("._-") or "result"
-    return stem[:_NAME_MAX_CHARS]
+def file_stem(tool: str, call_id: str) -> str:
+    """A safe, deterministic file name stem for one call; a short hash keeps altered names apart."""
+    raw = f"{tool}-{call_id}"
+    stem = _UNSAFE_NAME.sub("_", raw).strip("._-")[:_NAME_MAX_CHARS] or "result"
+    if stem != raw:
+        stem += "-" + hashlib.sha256(raw.encode("utf-8", "surrogatepass")).hexdigest()[:8]
+    return stem
 
 
 def _payload(text: str, value: Any) -> tuple[SpillFormat, bytes, Table | None]:
     found = recognise_table(value if value is not None else text)
     if isinstance(found, Table):
-        out = io.StringIO()
-        write_table_file(found, out)
-        return "table", out.getvalue().encode("utf-8", "surrogatepass"), found
+        return "table", table_file_bytes(found), found
     if value is not None:
-        pretty = json.dumps(value, ensure_ascii=False, indent=2, default=str) + "\n"
-        return "json", pretty.encode("utf-8", "surrogatepass"), None
+        return "json", dumps_pretty(value), None
     return "text", text.encode("utf-8", "surrogatepass"), None
 
 
@@ -126,23 +163,42 @@ _EXTENSION: dict[SpillFormat, str] = {"json": ".json", "table": ".table.jsonl", 
 
 
 def spill_result(
-    root: ResultsRoot, result: object, *, tool: str, call_id: str, policy: SpillPolicy, now: dt.datetime
+    root: ResultsRoot,
+    result: object,
+    *,
+    tool: str,
+    call_id: str,
+    policy: SpillPolicy,
+    now: dt.datetime,
+    threshold_chars: int | None = None,
+    durable: bool = True,
 ) -> SpillOutcome:
-    """Spill ``result`` when it is ``threshold_chars`` or longer; never raises for a failed write."""
+    """Spill ``result`` when it is ``threshold_chars`` (default: the policy's) or longer; never raises for a
+    failed write. A new file is also listed in the results folder's manifest. ``durable=False`` leaves the
+    fsync to the caller (one :meth:`ResultsRoot.sync` for a whole turn)."""
+    threshold = threshold_chars or policy.threshold_chars
+    job = _Job(root, tool, call_id, policy, now, durable)
+    if isinstance(result, TableStream):
+        found = buffer_or_stream(result, threshold, _PREVIEW_ROWS)
+        if isinstance(found, StreamedFile):
+            with found.body:
+                return _spill_streamed(job, found)
+        result = found
     text, value = unwrap_result(result)
-    if len(text) < policy.threshold_chars:
+    if len(text) < threshold:
         return SpillOutcome(text=text)
-    over_cap = len(text) / _CHARS_PER_TOKEN > policy.inline_cap_tokens
+    over_cap = len(text) > policy.inline_cap_chars
     preview = text[: policy.preview_chars]
     kind, data, table = _payload(text, value)
-    relative = f"spill/{_file_name(tool, call_id)}{_EXTENSION[kind]}"
+    stem = file_stem(tool, call_id)
+    relative = f"spill/{stem}{_EXTENSION[kind]}"
     try:
-        path = _publish(root, relative, data)
+        path, new = publish_once(root, relative, data, durable=durable)
     except (OSError, PathRejected) as exc:
         warning = f"the result of {tool} could not be saved to {relative}: {exc}"
         logger.warning(warning)
-        shown = preview if over_cap else text
-        cut = f" (only the first {len(preview):,} of {len(text):,} characters are shown)" if over_cap else ""
+        shown = text[: policy.inline_cap_chars]
+        cut = f" (only the first {len(shown):,} of {len(text):,} characters are shown)" if over_cap else ""
         return SpillOutcome(text=f"{shown}\n[not saved to a file{cut}: {exc}]", warning=warning)
     descriptor = ResultDescriptor(
         path=path,
@@ -150,39 +206,122 @@ def spill_result(
         bytes=len(data),
         chars=len(text),
         sha256=hashlib.sha256(data).hexdigest(),
-        rows=len(table.rows) if table else None,
+        rows=table.row_count if table else None,
         columns=list(table.columns) if table else None,
         column_types=list(table.column_types) if table else None,
         preview=preview,
         truncated_inline=over_cap,
-        expires_at=(now + dt.timedelta(seconds=policy.retention_s)).astimezone(dt.UTC).isoformat(),
+        expires_at=job.expires_at(),
     )
-    return SpillOutcome(text=_stand_in(text, descriptor, tool), descriptor=descriptor)
+    return _outcome(job, text, descriptor, new)
 
 
-def _publish(root: ResultsRoot, relative: str, data: bytes) -> str:
+@dataclass(frozen=True)
+class _Job:
+    """One result being spilled: where, for which call, under which policy."""
+
+    root: ResultsRoot
+    tool: str
+    call_id: str
+    policy: SpillPolicy
+    now: dt.datetime
+    durable: bool
+
+    def expires_at(self) -> str:
+        return _iso(self.now + dt.timedelta(seconds=self.policy.retention_s))
+
+
+def _outcome(job: _Job, text: str, descriptor: ResultDescriptor, new: bool) -> SpillOutcome:
+    unlisted: str | None = None
+    if new:
+        unlisted = record_in_manifest(
+            job.root,
+            descriptor,
+            stem=file_stem(job.tool, job.call_id),
+            tool=job.tool,
+            call_id=job.call_id,
+            created_at=_iso(job.now),
+            max_bytes=job.policy.manifest_max_bytes,
+            durable=job.durable,
+        )
+    stand_in = _stand_in(descriptor, job.tool, "it is one of the largest results of this turn")
+    if descriptor.truncated_inline:
+        shown = _stand_in(descriptor, job.tool, "it is too large to show")
+    else:
+        shown = _with_address(text, descriptor)
+    return SpillOutcome(text=shown, stand_in=stand_in, descriptor=descriptor, warning=unlisted)
+
+
+def _spill_streamed(job: _Job, found: StreamedFile) -> SpillOutcome:
+    """Publish a streamed table chunk by chunk; the model sees it inline only when it fits the inline cap."""
+    kind: SpillFormat = "text" if found.ragged else "table"
+    relative = f"spill/{file_stem(job.tool, job.call_id)}{'.jsonl' if found.ragged else _EXTENSION['table']}"
+    try:
+        path = job.root.create_file(relative, found.chunks(), durable=job.durable, mode=PRIVATE_FILE_MODE)
+    except (OSError, PathRejected) as exc:
+        warning = f"the table from {job.tool} ({found.rows:,} rows) could not be saved to {relative}: {exc}"
+        logger.warning(warning)
+        preview = json.dumps({"columns": found.columns, "rows": found.preview_rows}, ensure_ascii=False, default=str)
+        return SpillOutcome(
+            text=f"{preview}\n[not saved to a file (only the first {len(found.preview_rows):,} of {found.rows:,} "
+            f"rows are shown): {exc}]",
+            warning=warning,
+        )
+    over_cap = found.size_chars > job.policy.inline_cap_chars
+    text = "" if over_cap else found.text()
+    descriptor = ResultDescriptor(
+        path=path,
+        format=kind,
+        bytes=found.size_bytes,
+        chars=found.size_chars,
+        sha256=found.sha256,
+        rows=None if found.ragged else found.rows,
+        columns=None if found.ragged else list(found.columns),
+        column_types=None if found.ragged else list(found.column_types),
+        preview=(text or found.head.decode("utf-8", "ignore"))[: job.policy.preview_chars],
+        truncated_inline=over_cap,
+        expires_at=job.expires_at(),
+    )
+    outcome = _outcome(job, text, descriptor, True)
+    if found.ragged:
+        return outcome.model_copy(update={"text": f"{outcome.text}\n[not a table: {found.ragged}]"})
+    return outcome
+
+
+def _iso(moment: dt.datetime) -> str:
+    return moment.astimezone(dt.UTC).isoformat(timespec="seconds")
+
+
+def publish_once(root: ResultsRoot, relative: str, data: bytes, *, durable: bool = True) -> tuple[str, bool]:
     """Write once: the same call's result again finds its own file (same bytes) instead of a second copy."""
     try:
-        return root.create_file(relative, data)
+        return root.create_file(relative, data, durable=durable, mode=PRIVATE_FILE_MODE), True
     except PathExists:
         if root.read_bytes(relative, max_bytes=len(data)) != data:
             raise
-        return root.sandbox_path(root.parse(relative))
+        return root.sandbox_path(root.parse(relative)), False
 
 
-def _stand_in(text: str, d: ResultDescriptor, tool: str) -> str:
-    """The model-facing words: where the result is, in what shape, with units, and the next step."""
+def _shape(d: ResultDescriptor) -> str:
     shape = f"{d.format}, {d.bytes:,} bytes, {d.chars:,} characters"
     if d.rows is not None and d.columns is not None:
         shape += f", {d.rows:,} rows; columns: {', '.join(d.columns)}"
-    where = (
-        f"[saved to {d.path} ({shape}); pass this path to export_table, render_table or run_python "
+    return shape
+
+
+def _with_address(text: str, d: ResultDescriptor) -> str:
+    return (
+        f"{text}\n[saved to {d.path} ({_shape(d)}); pass this path to export_table, render_table or run_python "
         f"instead of copying values]"
     )
-    if not d.truncated_inline:
-        return f"{text}\n{where}"
+
+
+def _stand_in(d: ResultDescriptor, tool: str, why: str) -> str:
+    """The model-facing words: where the result is, in what shape, with units, and the next step."""
+    shape = _shape(d)
     return (
-        f"The result of {tool} is too large to show ({d.chars:,} characters). It is saved to {d.path} ({shape}). "
+        f"The result of {tool} is not shown in full ({d.chars:,} characters): {why}. "
+        f"It is saved to {d.path} ({shape}). "
         f"Read parts with read_file (offset, limit), or pass the path to export_table, render_table or "
         f"run_python. The first {len(d.preview):,} characters:\n{d.preview}"
     )

@@ -19,18 +19,28 @@ import datetime as dt
 import io
 import json
 import math
+import operator
 import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import IO, Any, Literal
+
+from sandbox_runtime.spill.jsonio import dumps_compact, dumps_lines
 
 __all__ = [
     "TABLE_FORMAT",
     "ColumnType",
     "Table",
     "TableFileError",
+    "cell",
+    "header_line",
     "iter_table_file",
     "recognise_table",
+    "row_line",
+    "table_file_bytes",
+    "type_from_kinds",
+    "unique_names",
+    "value_type",
     "write_table_file",
 ]
 
@@ -54,13 +64,26 @@ class TableFileError(ValueError):
 
 @dataclass(frozen=True)
 class Table:
-    """A recognised table: unique column names, typed rows, and the shape it was found in."""
+    """A recognised table: unique column names, typed values held column by column, and the shape it was found
+    in. Column-major storage lets whole columns be checked and typed at C speed."""
 
     columns: tuple[str, ...]
-    rows: list[list[Cell]]
+    data: list[list[Cell]]  # one list per column, all of the same length
     column_types: tuple[ColumnType, ...]
     shape: str
     notes: tuple[str, ...] = ()
+
+    @property
+    def row_count(self) -> int:
+        return len(self.data[0]) if self.data else 0
+
+    def iter_rows(self) -> Iterator[tuple[Cell, ...]]:
+        return zip(*self.data, strict=True)
+
+    @property
+    def rows(self) -> list[list[Cell]]:
+        """Every row as a list (a copy; for small tables and tests)."""
+        return [list(row) for row in self.iter_rows()]
 
 
 # recognition --------------------------------------------------------------------------------------------
@@ -84,25 +107,34 @@ def _from_records(value: list[Any], shape_prefix: str) -> Table | str:
         return "an empty list has no columns"
     if not all(isinstance(item, dict) for item in value):
         return "a list whose items are not all objects"
-    columns: dict[str, None] = {}
-    for record in value:
-        for key in record:
-            columns.setdefault(str(key), None)
-    names = tuple(columns)
-    rows = [[_cell(record.get(name)) for name in names] for record in value]
-    return _typed(names, rows, f"{shape_prefix}_records", ())
+    keys = value[0].keys()
+    if all(isinstance(k, str) for k in keys) and all(record.keys() == keys for record in value):
+        names = tuple(keys)  # the common case: every record has the same keys
+    else:
+        columns: dict[str, None] = {}
+        for record in value:
+            for key in record:
+                columns.setdefault(str(key), None)
+        names = tuple(columns)
+    data = []
+    for name in names:
+        try:  # the common case, every record has the key: picked in C
+            data.append(list(map(operator.itemgetter(name), value)))
+        except KeyError:
+            data.append([record.get(name) for record in value])
+    return _typed(names, data, f"{shape_prefix}_records", ())
 
 
 def _from_columns_rows(raw_columns: object, raw_rows: object, shape_prefix: str) -> Table | str:
     if not isinstance(raw_columns, list) or not isinstance(raw_rows, list):
         return "'columns' and 'rows' must both be lists"
-    names, notes = _unique_names([_column_name(c) for c in raw_columns])
+    names, notes = unique_names([_column_name(c) for c in raw_columns])
     if not names:
         return "'columns' is empty"
     for number, row in enumerate(raw_rows, start=1):
         if not isinstance(row, list) or len(row) != len(names):
             return f"row {number} has {len(row) if isinstance(row, list) else 'no'} cells for {len(names)} columns"
-    return _typed(names, [[_cell(v) for v in row] for row in raw_rows], f"{shape_prefix}_columns_rows", notes)
+    return _typed(names, _transpose(raw_rows, len(names)), f"{shape_prefix}_columns_rows", notes)
 
 
 def _column_name(column: object) -> str:
@@ -172,8 +204,8 @@ def _markdown(lines: list[str]) -> Table | str:
     body = [cells(line) for line in lines[2:]]
     if any(len(row) != len(header) for row in body):
         return "a Markdown table with rows of different widths"
-    names, notes = _unique_names(header)
-    return _typed(names, [[_text_cell(c) for c in row] for row in body], "markdown", notes)
+    names, notes = unique_names(header)
+    return _typed(names, _transpose([[_text_cell(c) for c in row] for row in body], len(names)), "markdown", notes)
 
 
 def _delimited(text: str, delimiter: str, shape: str) -> Table | str:
@@ -189,11 +221,11 @@ def _delimited(text: str, delimiter: str, shape: str) -> Table | str:
         return f"not {shape}: fewer than two lines or columns"
     if any(len(row) != len(rows[0]) for row in rows):
         return f"not {shape}: rows of different widths"
-    names, notes = _unique_names([name.strip() for name in rows[0]])
-    return _typed(names, [[_text_cell(c) for c in row] for row in rows[1:]], shape, notes)
+    names, notes = unique_names([name.strip() for name in rows[0]])
+    return _typed(names, _transpose([[_text_cell(c) for c in row] for row in rows[1:]], len(names)), shape, notes)
 
 
-def _unique_names(raw: list[str]) -> tuple[tuple[str, ...], tuple[str, ...]]:
+def unique_names(raw: list[str]) -> tuple[tuple[str, ...], tuple[str, ...]]:
     """Column names made unique and non-empty (``name``, ``name_2``; ``column_3``), with a note per change."""
     names: list[str] = []
     notes: list[str] = []
@@ -211,7 +243,7 @@ def _unique_names(raw: list[str]) -> tuple[tuple[str, ...], tuple[str, ...]]:
 
 
 # cells and types ----------------------------------------------------------------------------------------
-def _cell(value: object) -> Cell:
+def cell(value: object) -> Cell:
     """A JSON value as a cell: scalars as they are (NaN/inf become NULL); nested values as compact JSON."""
     if value is None or isinstance(value, bool | int | str):
         return value
@@ -236,7 +268,7 @@ def _text_cell(text: str) -> Cell:
     return text
 
 
-def _value_type(value: Cell) -> ColumnType:
+def value_type(value: Cell) -> ColumnType:
     if isinstance(value, bool):
         return "boolean"
     if isinstance(value, int):
@@ -251,8 +283,8 @@ def _value_type(value: Cell) -> ColumnType:
     return "string"
 
 
-def _column_type(values: Iterable[Cell]) -> ColumnType:
-    kinds = {_value_type(v) for v in values if v is not None}
+def type_from_kinds(kinds: set[ColumnType]) -> ColumnType:
+    """A column's type from the types of its non-NULL values."""
     if not kinds:
         return "empty"
     if len(kinds) == 1:
@@ -264,12 +296,55 @@ def _column_type(values: Iterable[Cell]) -> ColumnType:
     return "string"
 
 
-def _typed(names: tuple[str, ...], rows: list[list[Cell]], shape: str, notes: tuple[str, ...]) -> Table:
-    types = tuple(_column_type(row[index] for row in rows) for index in range(len(names)))
-    for row in rows:
-        for index, kind in enumerate(types):
-            row[index] = _coerce(row[index], kind)
-    return Table(columns=names, rows=rows, column_types=types, shape=shape, notes=notes)
+def _transpose(rows: list[Any], width: int) -> list[list[Any]]:
+    return [list(column) for column in zip(*rows, strict=True)] if rows else [[] for _ in range(width)]
+
+
+def _typed(names: tuple[str, ...], data: list[list[Any]], shape: str, notes: tuple[str, ...]) -> Table:
+    """Clean and type the values column by column (whole columns at C speed where the values allow)."""
+    types = tuple(_clean_column(column) for column in data)
+    return Table(columns=names, data=data, column_types=types, shape=shape, notes=notes)
+
+
+_SCALARS = frozenset({type(None), bool, int, str})
+_NUMERIC = frozenset({type(None), int, float})
+_KIND_OF_TYPE: dict[type, ColumnType] = {bool: "boolean", int: "integer", float: "number"}
+
+
+def _clean_column(column: list[Any]) -> ColumnType:
+    """Make every value of ``column`` a cell (in place) and return the column's type; dates become objects."""
+    present = set(map(type, column))
+    if float in present and present <= _NUMERIC:
+        floats = [v for v in column if type(v) is float]
+        if not all(map(math.isfinite, floats)):
+            column[:] = map(cell, column)  # NaN and infinities become NULL
+    elif not present <= _SCALARS:  # nested values and other objects become text
+        column[:] = map(cell, column)
+        present = set(map(type, column))
+    kinds: set[ColumnType] = {_KIND_OF_TYPE[t] for t in present if t in _KIND_OF_TYPE}
+    if str in present:
+        kinds |= _string_kinds(column)
+    kind = type_from_kinds(kinds)
+    if kind == "date" and present == {str}:
+        column[:] = map(dt.date.fromisoformat, column)
+    elif kind in ("date", "datetime"):
+        parse = dt.date.fromisoformat if kind == "date" else _parse_datetime
+        column[:] = [v if v is None else parse(v) for v in column]
+    return kind
+
+
+def _string_kinds(column: list[Any]) -> set[ColumnType]:
+    """The kinds of a column's strings: only a column whose first string looks like a date is looked at whole."""
+    strings = [v for v in column if type(v) is str]
+    if not _DATE.match(strings[0]):
+        return {"string"}
+    if all(map(_DATE.fullmatch, strings)):
+        return {"date"} if all(map(_is_date, strings)) else {"string"}
+    return {value_type(v) for v in strings}
+
+
+def _is_date(text: str) -> bool:
+    return _parse_date(text) is not None
 
 
 def _coerce(value: Cell, kind: ColumnType) -> Cell:
@@ -296,26 +371,29 @@ def _parse_datetime(text: str) -> dt.datetime | None:
 
 
 # the file ---------------------------------------------------------------------------------------------
-def _encode(value: Cell) -> Any:
-    if isinstance(value, dt.datetime | dt.date):
-        return value.isoformat()
-    return value
+def header_line(columns: Iterable[str], column_types: Iterable[ColumnType]) -> str:
+    """Line 1 of a table file."""
+    header = {"format": TABLE_FORMAT, "version": 1, "columns": list(columns), "column_types": list(column_types)}
+    return json.dumps(header, ensure_ascii=False) + "\n"
 
 
-def write_table_file(table: Table, out: IO[str]) -> int:
+def row_line(row: Iterable[Cell]) -> bytes:
+    """One row of a table file (UTF-8, with its newline); dates and datetimes as ISO strings."""
+    return dumps_compact(row if isinstance(row, list | tuple) else list(row)) + b"\n"
+
+
+def table_file_bytes(table: Table) -> bytes:
+    """The whole table file: the header line, then one line per row."""
+    rows = dumps_lines(list(table.iter_rows()))
+    return header_line(table.columns, table.column_types).encode("utf-8", "surrogatepass") + rows
+
+
+def write_table_file(table: Table, out: IO[bytes]) -> int:
     """Write the header and one line per row; returns the number of rows written."""
-    header = {
-        "format": TABLE_FORMAT,
-        "version": 1,
-        "columns": list(table.columns),
-        "column_types": list(table.column_types),
-    }
-    out.write(json.dumps(header, ensure_ascii=False) + "\n")
-    count = 0
-    for row in table.rows:
-        out.write(json.dumps([_encode(v) for v in row], ensure_ascii=False, allow_nan=False) + "\n")
-        count += 1
-    return count
+    out.write(header_line(table.columns, table.column_types).encode("utf-8", "surrogatepass"))
+    for row in table.iter_rows():
+        out.write(row_line(row))
+    return table.row_count
 
 
 def iter_table_file(lines: Iterable[str]) -> Iterator[tuple[tuple[str, ...], tuple[ColumnType, ...], list[Cell]]]:

@@ -20,12 +20,13 @@ them through :func:`display_name` before showing them to a person or a model.
 
 from __future__ import annotations
 
+import ctypes
 import errno
 import io
 import os
 import secrets
 import stat
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Protocol
@@ -51,6 +52,7 @@ __all__ = [
     "DEFAULT_MOUNT_PATH",
     "MAX_NAME_BYTES",
     "MAX_PATH_BYTES",
+    "PRIVATE_FILE_MODE",
     "Entry",
     "EntryKind",
     "PathArg",
@@ -66,6 +68,7 @@ PathArg = str | tuple[str, ...]
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _FILE_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY
 _TMP_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+_APPEND_FLAGS = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY
 _READ_CHUNK = 1 << 20
 _UNSAFE_ERRNOS = frozenset({errno.ELOOP, errno.ENOTDIR, errno.EXDEV, errno.ENXIO, errno.EISDIR})
 
@@ -121,13 +124,18 @@ def _refuse_if_not_regular(parent: int, name: str, shown: str) -> None:
         raise UnsafeFileType(f"{shown} is {_KIND_TEXT[entry_kind(st.st_mode)]}; only regular files are read")
 
 
-def _write_all(fd: int, data: bytes) -> None:
-    view = memoryview(data)
-    while view:
-        view = view[os.write(fd, view) :]
+def _write_all(fd: int, data: bytes | Iterable[bytes]) -> None:
+    for chunk in (data,) if isinstance(data, bytes) else data:
+        view = memoryview(chunk)
+        while view:
+            view = view[os.write(fd, view) :]
 
 
 _DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
+# files only the sandbox user reads: as root the host hands each one to that user (fchown); otherwise they stay
+# the host user's and must stay readable by the sandbox
+PRIVATE_FILE_MODE = 0o600 if os.geteuid() == 0 else 0o644
+_LIBC = ctypes.CDLL(None, use_errno=True)  # syncfs(2): os has no wrapper before Python 3.14
 
 
 class ResultsRoot:
@@ -310,18 +318,38 @@ class ResultsRoot:
         with self._dir(self._components(path, allow_root=True), create=True):
             pass
 
-    def create_file(self, path: PathArg, data: bytes, *, make_parents: bool = True, mode: int = 0o644) -> str:
+    def create_file(
+        self,
+        path: PathArg,
+        data: bytes | Iterable[bytes],
+        *,
+        make_parents: bool = True,
+        mode: int = 0o644,
+        durable: bool = True,
+    ) -> str:
         """Publish a new file atomically; fail if anything (even a dangling link) holds the name.
 
+        ``data`` may be an iterable of chunks, written as they come (memory does not grow with the file).
+        ``durable=False`` skips the file's and the folder's fsync: the caller makes a batch durable at once
+        with :meth:`sync` (a crash may then lose the batch, never leave a partly written file visible).
         Returns the sandbox path. ``mode`` may hold permission bits only (no setuid/setgid/sticky).
         """
-        return self._publish(path, data, make_parents=make_parents, mode=mode, replace=False)
+        return self._publish(path, data, make_parents=make_parents, mode=mode, replace=False, durable=durable)
 
     def replace_file(self, path: PathArg, data: bytes, *, make_parents: bool = True, mode: int = 0o644) -> str:
         """Publish a file atomically, replacing any non-folder at the name (a link itself, not its target)."""
-        return self._publish(path, data, make_parents=make_parents, mode=mode, replace=True)
+        return self._publish(path, data, make_parents=make_parents, mode=mode, replace=True, durable=True)
 
-    def _publish(self, path: PathArg, data: bytes, *, make_parents: bool, mode: int, replace: bool) -> str:
+    def _publish(
+        self,
+        path: PathArg,
+        data: bytes | Iterable[bytes],
+        *,
+        make_parents: bool,
+        mode: int,
+        replace: bool,
+        durable: bool,
+    ) -> str:
         if mode & ~0o777:
             raise ValueError(f"mode {mode:#o} holds special bits; only permission bits (0o777) are allowed")
         components = self._components(path, allow_root=False)
@@ -335,7 +363,8 @@ class ResultsRoot:
                     _write_all(fd, data)
                     os.fchmod(fd, mode)
                     self._give(fd)
-                    os.fsync(fd)
+                    if durable:
+                        os.fsync(fd)
                     written = os.fstat(fd)
                 finally:
                     os.close(fd)
@@ -356,8 +385,53 @@ class ResultsRoot:
             now = _lstat(parent, name)
             if now is None or (now.st_dev, now.st_ino) != (written.st_dev, written.st_ino):
                 raise PathRejected(f"{shown} was swapped by the sandbox while it was published")
-            os.fsync(parent)
+            if durable:
+                os.fsync(parent)
         return self.sandbox_path(components)
+
+    def append_bytes(
+        self, path: PathArg, data: bytes, *, max_bytes: int, durable: bool = True, mode: int = 0o644
+    ) -> str:
+        """Append to a regular file (made 0644 when missing) that stays at most ``max_bytes`` long.
+
+        The name is opened without following links and the descriptor checked like a read (regular, one
+        link, the root's device), so a planted link, FIFO or hard link is refused, never written through.
+        """
+        components = self._components(path, allow_root=False)
+        shown = self._shown(components)
+        with self._dir(components[:-1], create=True) as (parent, root_dev):
+            if _lstat(parent, components[-1]) is not None:
+                _refuse_if_not_regular(parent, components[-1], shown)
+            try:
+                fd = os.open(components[-1], _APPEND_FLAGS, mode & 0o777, dir_fd=parent)
+            except OSError as exc:
+                if exc.errno in _DISK_FULL:
+                    raise
+                raise self._open_error(exc, parent, components[-1], components, wanted="a regular file") from exc
+            try:
+                st = os.fstat(fd)
+                if entry_kind(st.st_mode) != "file" or st.st_dev != root_dev or st.st_nlink != 1:
+                    raise UnsafeFileType(f"{shown} is not a plain regular file of the results folder; refused")
+                if st.st_size + len(data) > max_bytes:
+                    raise FileTooLarge(f"{shown} would grow past its cap of {max_bytes} bytes")
+                if st.st_size == 0:
+                    self._give(fd)
+                _write_all(fd, data)
+                if durable:
+                    os.fsync(fd)
+            finally:
+                os.close(fd)
+        return self.sandbox_path(components)
+
+    def sync(self) -> None:
+        """Make every earlier non-durable write below the root durable: one ``syncfs`` of its filesystem."""
+        fd = os.open(self._host_root, _DIR_FLAGS)
+        try:
+            if _LIBC.syncfs(fd) != 0:
+                code = ctypes.get_errno()
+                raise OSError(code, f"syncfs of the results folder failed: {os.strerror(code)}")
+        finally:
+            os.close(fd)
 
     def _give(self, fd: int) -> None:
         if self._owner is not None:

@@ -1,0 +1,357 @@
+"""One pipeline for every tool call: execute → spill → per-turn budget → persisted decision.
+
+A *turn* is a batch of calls the host runs together. Each item is either a built-in :class:`ToolCall` (run here;
+several run in parallel) or a :class:`HostResult` (the host ran its own tool and hands in what it returned). Every
+result then goes the same way: a failure's full error is saved in ``errors/`` and shortened; a result of
+``threshold_chars`` or more is spilled to ``spill/`` (unless its tool is self-bounded); the turn's budget replaces
+the largest spilled results by their stand-ins; and the exact text the model gets is stored per conversation and
+call id *before* anything is returned. A call id decided before is never run or spilled again: its stored
+decision is replayed, byte for byte, even after a restart or a change of policy.
+
+Bad calls (unknown tool, arguments that do not fit, refused or missing paths) become results with ``is_error``
+the model can read; infrastructure failures (engine gone, sandbox cannot start) raise.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import logging
+import time
+import uuid
+from collections import Counter
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from sandbox_runtime.errors import InvalidToolArguments, PathNotFound, PathRejected, UnknownTool
+from sandbox_runtime.policy import Policy
+from sandbox_runtime.spill.budget import BudgetCandidate, BudgetDecision, plan_turn_budget
+from sandbox_runtime.spill.failures import spill_error
+from sandbox_runtime.spill.spiller import ResultDescriptor, spill_result, unwrap_result
+from sandbox_runtime.state import StateDB, StoredResult
+from sandbox_runtime.tools.base import SpillMode, ToolContext, ToolReturn, ToolSpec, validate_arguments
+
+__all__ = ["Dispatcher", "HostResult", "ToolCall", "ToolOutcome", "TurnReport"]
+
+logger = logging.getLogger(__name__)
+
+_CALL_ID_MAX_CHARS = 200
+_PARALLEL_CALLS_MAX = 8
+_TOOL_FAILURES = (InvalidToolArguments, PathRejected, PathNotFound)
+
+
+class ToolCall(BaseModel):
+    """A call of a built-in tool, as the model wrote it."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    tool: str
+    arguments: dict[str, Any] = Field(default_factory=dict)
+    call_id: str | None = None
+
+
+class HostResult(BaseModel):
+    """The result of one of the host's own tools: text, a JSON value, an MCP ``CallToolResult``, or a table."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    tool: str
+    call_id: str
+    result: Any
+    is_error: bool = False
+    spill_mode: SpillMode = "normal"
+    threshold_chars: int | None = Field(None, gt=0)
+
+
+class ToolOutcome(BaseModel):
+    """What one call came to: ``text`` is exactly what the model is given (and what history replays)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    call_id: str
+    tool: str
+    is_error: bool
+    text: str
+    descriptor: ResultDescriptor | None = None
+    error_path: str | None = None
+    replaced: bool = False  # the model sees a stand-in (preview and path), by the inline cap or the turn budget
+    replayed: bool = False  # the decision was made before (same call id) and is given again unchanged
+    warnings: list[str] = Field(default_factory=list)
+    details: dict[str, Any] | None = None
+
+
+class TurnReport(BaseModel):
+    """A turn's outcomes, in the order given, and what the budget did."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    turn_id: str
+    outcomes: list[ToolOutcome]
+    total_before_chars: int
+    total_after_chars: int
+    budget_chars: int
+    over_budget: bool
+    replaced_call_ids: list[str]
+
+
+class _Pending(BaseModel):
+    """One new result between execution and the stored decision."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    call_id: str
+    tool: str
+    is_error: bool
+    body: str
+    stand_in: str | None = None
+    tail: str = ""
+    descriptor: ResultDescriptor | None = None
+    error_path: str | None = None
+    replaced: bool = False
+    warnings: list[str] = Field(default_factory=list)
+    details: dict[str, Any] | None = None
+
+    def text(self) -> str:
+        shown = self.stand_in if self.replaced and self.stand_in is not None else self.body
+        return "\n".join(part for part in (shown, self.tail) if part)
+
+
+class Dispatcher:
+    """Runs turns for the conversations of one runtime."""
+
+    def __init__(
+        self,
+        state: StateDB,
+        policy: Policy,
+        tools: Mapping[str, ToolSpec],
+        context: Callable[[str], ToolContext],
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.state = state
+        self.policy = policy
+        self.tools = dict(tools)
+        self._context = context
+        self._clock = clock
+
+    def run_turn(
+        self, conversation_id: str, items: Sequence[ToolCall | HostResult], turn_id: str | None = None
+    ) -> TurnReport:
+        """Run (or take in) every item, spill, apply the turn budget, store the decisions, and report."""
+        turn_id = turn_id or f"turn-{uuid.uuid4().hex[:16]}"
+        calls = [item if item.call_id else item.model_copy(update={"call_id": _new_call_id()}) for item in items]
+        ids = [_check_call_id(item.call_id) for item in calls]
+        if len(set(ids)) != len(ids):
+            raise InvalidToolArguments(f"call ids must be unique within a turn; repeated: {_repeated(ids)}")
+        stored = self.state.stored_results(conversation_id, ids)
+        ctx = self._context(conversation_id)
+        fresh = [(i, item) for i, item in enumerate(calls) if ids[i] not in stored]
+        returns = self._execute(ctx, [item for _i, item in fresh])
+        pending = {ids[i]: self._spill(ctx, item, ret) for (i, item), ret in zip(fresh, returns, strict=True)}
+        if any(p.descriptor is not None or p.error_path is not None for p in pending.values()):
+            self._sync(ctx, pending)  # one sync for the turn's files, before their decisions are stored
+        decision = self._budget(ids, stored, pending)
+        now = self._clock()
+        kept = self.state.store_results(
+            [_to_stored(conversation_id, turn_id, now, p) for p in pending.values()]
+        )  # written before anything is returned; a concurrent first decision wins
+        outcomes = []
+        for call_id in ids:
+            if call_id in pending and kept[call_id].text == pending[call_id].text():
+                outcomes.append(_outcome(pending[call_id]))
+            else:
+                outcomes.append(_replayed(stored.get(call_id) or kept[call_id]))
+        return TurnReport(
+            turn_id=turn_id,
+            outcomes=outcomes,
+            total_before_chars=decision.total_before_chars,
+            total_after_chars=decision.total_after_chars,
+            budget_chars=decision.budget_chars,
+            over_budget=decision.over_budget,
+            replaced_call_ids=[ids[i] for i in decision.replace],
+        )
+
+    @staticmethod
+    def _sync(ctx: ToolContext, pending: dict[str, _Pending]) -> None:
+        try:
+            ctx.root.sync()
+        except OSError as exc:
+            warning = f"the results folder could not be synced to disk: {exc}"
+            logger.warning(warning)
+            for p in pending.values():
+                p.warnings.append(warning)
+
+    # ------------------------------------------------------------------------------------------ execute
+    def _execute(self, ctx: ToolContext, items: Sequence[ToolCall | HostResult]) -> list[ToolReturn]:
+        if sum(isinstance(item, ToolCall) for item in items) <= 1:
+            return [self._run_one(ctx, item) for item in items]
+        with ThreadPoolExecutor(max_workers=_PARALLEL_CALLS_MAX, thread_name_prefix="sandbox-runtime-call") as pool:
+            return list(pool.map(lambda item: self._run_one(ctx, item), items))
+
+    def _run_one(self, ctx: ToolContext, item: ToolCall | HostResult) -> ToolReturn:
+        if isinstance(item, HostResult):
+            if not item.is_error and not _mcp_error(item.result):
+                return ToolReturn(content=item.result)
+            return ToolReturn(is_error=True, error=unwrap_result(item.result)[0])
+        spec = self.tools.get(item.tool)
+        try:
+            if spec is None:
+                raise UnknownTool(f"there is no tool named {item.tool!r}; the tools are: {', '.join(self.tools)}")
+            return spec.handler(ctx, validate_arguments(spec, item.arguments))
+        except _TOOL_FAILURES as exc:
+            return ToolReturn(is_error=True, error=f"{type(exc).__name__}: {exc}")
+
+    # ------------------------------------------------------------------------------------------ spill
+    def _mode(self, item: ToolCall | HostResult) -> tuple[SpillMode, int | None]:
+        if isinstance(item, HostResult):
+            mode, threshold = item.spill_mode, item.threshold_chars
+        else:
+            spec = self.tools.get(item.tool)
+            mode, threshold = (spec.spill_mode, spec.threshold_chars) if spec else ("normal", None)
+        rule = self.policy.spill.tools.get(item.tool)
+        if rule is not None:
+            mode, threshold = rule.mode, rule.threshold_chars or threshold
+        return mode, threshold
+
+    def _spill(self, ctx: ToolContext, item: ToolCall | HostResult, ret: ToolReturn) -> _Pending:
+        call_id = item.call_id or ""
+        pending = _Pending(
+            call_id=call_id,
+            tool=item.tool,
+            is_error=ret.is_error,
+            body="",
+            error_path=ret.error_path,
+            details=ret.details,
+        )
+        mode, threshold = self._mode(item)
+        now = dt.datetime.fromtimestamp(self._clock(), dt.UTC)
+        text = unwrap_result(ret.content)[0] if mode == "self_bounded" else None
+        if text is not None:
+            pending.body = text
+        else:
+            spilled = spill_result(
+                ctx.root,
+                ret.content,
+                tool=item.tool,
+                call_id=call_id,
+                policy=self.policy.spill,
+                now=now,
+                threshold_chars=threshold,
+                durable=False,
+            )
+            pending.body, pending.stand_in, pending.descriptor = spilled.text, spilled.stand_in, spilled.descriptor
+            pending.warnings += [spilled.warning] if spilled.warning else []
+        tail = []
+        if ret.error is not None:
+            failure = spill_error(
+                ctx.root,
+                ret.error,
+                tool=item.tool,
+                call_id=call_id,
+                keep_whole_chars=self.policy.spill.threshold_chars,
+                max_chars=self.policy.spill.inline_cap_chars,
+                durable=False,
+            )
+            tail.append(failure.text)
+            pending.error_path = failure.error_path
+            pending.warnings += [failure.warning] if failure.warning else []
+        if ret.note:
+            tail.append(ret.note)
+        pending.tail = "\n".join(tail)
+        if pending.descriptor is not None and pending.descriptor.truncated_inline:
+            pending.stand_in = None  # already the stand-in: nothing more to give way
+        return pending
+
+    def _budget(self, ids: list[str], stored: dict[str, StoredResult], pending: dict[str, _Pending]) -> BudgetDecision:
+        candidates = []
+        for call_id in ids:
+            if call_id in pending:
+                p = pending[call_id]
+                stand_in = None if p.stand_in is None else len(p.stand_in) + len(p.text()) - len(p.body)
+                size = p.descriptor.chars if p.descriptor is not None else None
+                candidates.append(BudgetCandidate(len(p.text()), stand_in, size))
+            else:
+                candidates.append(BudgetCandidate(len(stored[call_id].text), None))
+        decision = plan_turn_budget(
+            candidates, budget_chars=self.policy.spill.turn_budget_chars, floor_chars=self.policy.spill.turn_floor_chars
+        )
+        for i in decision.replace:
+            p = pending[ids[i]]
+            p.replaced = True
+            if p.descriptor is not None:
+                p.descriptor = p.descriptor.model_copy(update={"truncated_inline": True})
+        if decision.over_budget:
+            logger.warning(
+                "a turn's results show %d characters inline, over the budget of %d: the rest cannot give way "
+                "(self-bounded tools, results not saved, or results under %d characters)",
+                decision.total_after_chars,
+                decision.budget_chars,
+                self.policy.spill.turn_floor_chars,
+            )
+        return decision
+
+
+def _new_call_id() -> str:
+    return f"call-{uuid.uuid4().hex[:16]}"
+
+
+def _check_call_id(call_id: str | None) -> str:
+    if not call_id or len(call_id) > _CALL_ID_MAX_CHARS or "\x00" in call_id:
+        raise InvalidToolArguments(f"a call id must be 1 to {_CALL_ID_MAX_CHARS} characters without NUL")
+    return call_id
+
+
+def _repeated(ids: list[str]) -> str:
+    return ", ".join(sorted(call_id for call_id, n in Counter(ids).items() if n > 1))
+
+
+def _mcp_error(result: object) -> bool:
+    return isinstance(result, dict) and isinstance(result.get("content"), list) and result.get("isError") is True
+
+
+def _to_stored(conversation_id: str, turn_id: str, now: float, p: _Pending) -> StoredResult:
+    return StoredResult(
+        conversation_id=conversation_id,
+        call_id=p.call_id,
+        tool=p.tool,
+        turn_id=turn_id,
+        decided_at=now,
+        is_error=p.is_error,
+        replaced=_shows_stand_in(p),
+        text=p.text(),
+        descriptor=None if p.descriptor is None else p.descriptor.model_dump_json(),
+        error_path=p.error_path,
+    )
+
+
+def _shows_stand_in(p: _Pending) -> bool:
+    return p.replaced or bool(p.descriptor and p.descriptor.truncated_inline)
+
+
+def _outcome(p: _Pending) -> ToolOutcome:
+    return ToolOutcome(
+        call_id=p.call_id,
+        tool=p.tool,
+        is_error=p.is_error,
+        text=p.text(),
+        descriptor=p.descriptor,
+        error_path=p.error_path,
+        replaced=_shows_stand_in(p),
+        warnings=p.warnings,
+        details=p.details,
+    )
+
+
+def _replayed(s: StoredResult) -> ToolOutcome:
+    return ToolOutcome(
+        call_id=s.call_id,
+        tool=s.tool,
+        is_error=s.is_error,
+        text=s.text,
+        descriptor=None if s.descriptor is None else ResultDescriptor.model_validate(json.loads(s.descriptor)),
+        error_path=s.error_path,
+        replaced=s.replaced,
+        replayed=True,
+    )

@@ -1,0 +1,60 @@
+"""JSON on the spill's hot path: orjson where it can, the standard library where orjson refuses.
+
+orjson is several times faster, but refuses some values the standard library takes: lone surrogates, integers
+beyond 64 bits, non-string keys, nesting deeper than 1,024 levels, NaN literals in input. Those fall back to
+``json``, so every value that worked before still works, only slower. Both write the same layout: compact rows
+(no spaces) and two-space indentation for pretty output; NaN and infinities never reach here (cells map them
+to NULL).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from typing import Any
+
+import orjson
+
+__all__ = ["dumps_compact", "dumps_lines", "dumps_pretty", "loads"]
+
+
+def loads(text: str) -> Any:
+    """Parse JSON text; raises ``ValueError`` (or ``RecursionError`` for absurd nesting) when it is not JSON."""
+    try:
+        return orjson.loads(text)
+    except orjson.JSONDecodeError:
+        return json.loads(text)
+
+
+def dumps_compact(value: Any) -> bytes:
+    """One line of UTF-8 JSON without spaces; dates as ISO strings; unknown objects as ``str()``."""
+    try:
+        return orjson.dumps(value, default=str)
+    except (orjson.JSONEncodeError, TypeError):
+        text = json.dumps(value, ensure_ascii=False, separators=(",", ":"), default=_iso_or_str)
+        return text.encode("utf-8", "surrogatepass")
+
+
+def dumps_pretty(value: Any) -> bytes:
+    """UTF-8 JSON with one value per line (two-space indentation) and a final newline."""
+    try:
+        return orjson.dumps(value, default=str, option=orjson.OPT_INDENT_2) + b"\n"
+    except (orjson.JSONEncodeError, TypeError):
+        text = json.dumps(value, ensure_ascii=False, indent=2, default=_iso_or_str) + "\n"
+        return text.encode("utf-8", "surrogatepass")
+
+
+def _iso_or_str(value: object) -> str:
+    isoformat = getattr(value, "isoformat", None)
+    return str(isoformat()) if callable(isoformat) else str(value)
+
+
+def dumps_lines(rows: Iterable[Any]) -> bytes:
+    """Every row as one compact JSON line, each ending in a newline (all in C when orjson takes them all)."""
+    rows = rows if isinstance(rows, list) else list(rows)
+    if not rows:
+        return b""
+    try:
+        return b"\n".join(map(orjson.dumps, rows)) + b"\n"
+    except (orjson.JSONEncodeError, TypeError):
+        return b"".join(dumps_compact(row) + b"\n" for row in rows)

@@ -1,0 +1,99 @@
+"""What every tool is to the dispatch pipeline: a name, a description, an argument model, a spill mode, and a
+handler that turns validated arguments into a :class:`ToolReturn`.
+
+Handlers raise typed errors for bad input (:class:`~sandbox_runtime.errors.InvalidToolArguments`, ``PathRejected``,
+``PathNotFound``); the pipeline turns those into results the model reads. Infrastructure failures propagate.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from sandbox_runtime.errors import InvalidToolArguments, PathExpired, PathNotFound, PathRejected
+from sandbox_runtime.policy import Policy
+from sandbox_runtime.sandbox.manager import SandboxManager
+from sandbox_runtime.state import ExpiredFile
+from sandbox_runtime.store.safe_paths import ResultsRoot
+
+__all__ = ["SpillMode", "ToolContext", "ToolReturn", "ToolSpec", "expired_or", "validate_arguments"]
+
+SpillMode = Literal["normal", "self_bounded"]
+
+
+class ToolReturn(BaseModel):
+    """A tool's raw result. The model sees, in order: ``content`` (through the spill), the short form of
+    ``error`` (whose full text the pipeline saves in ``errors/``), and ``note`` (a short status line).
+
+    A failure sets ``is_error``; a tool that saved its full error itself names it in ``error_path``.
+    ``details`` are for the host (e.g. a run's status and exit code), not for the model.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    content: Any = ""
+    is_error: bool = False
+    error: str | None = None
+    note: str | None = None
+    error_path: str | None = None
+    details: dict[str, Any] | None = None
+
+
+@dataclass(frozen=True)
+class ToolContext:
+    """What a handler may use: the conversation's sandboxes, its results folder, the policy, and retention's
+    record of removed files."""
+
+    manager: SandboxManager
+    conversation_id: str
+    root: ResultsRoot
+    policy: Policy
+    expired: Callable[[str], ExpiredFile | None]
+
+
+@dataclass(frozen=True)
+class ToolSpec:
+    """A built-in tool."""
+
+    name: str
+    description: str
+    arguments: type[BaseModel]
+    handler: Callable[[ToolContext, Any], ToolReturn]
+    spill_mode: SpillMode = "normal"
+    threshold_chars: int | None = None  # the tool's own spill threshold (None: the policy's)
+
+    def input_schema(self) -> dict[str, Any]:
+        """The JSON schema of the arguments (what MCP's ``tools/list`` shows)."""
+        return self.arguments.model_json_schema()
+
+
+def validate_arguments(spec: ToolSpec, raw: object) -> BaseModel:
+    """Arguments as the model sent them, checked against the tool's schema; errors name each bad field."""
+    if isinstance(raw, spec.arguments):
+        return raw
+    try:
+        return spec.arguments.model_validate(raw)
+    except ValidationError as exc:
+        detail = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'arguments'}: {e['msg']}" for e in exc.errors())
+        raise InvalidToolArguments(f"{spec.name}: {detail}") from exc
+
+
+def expired_or(ctx: ToolContext, path: str, missing: PathNotFound) -> PathNotFound:
+    """The clear "expired" error when retention removed ``path``; else ``missing`` unchanged."""
+    try:
+        shown = ctx.root.sandbox_path(ctx.root.parse(path))
+    except PathRejected:
+        return missing
+    gone = ctx.expired(shown)
+    if gone is None:
+        return missing
+    removed = dt.datetime.fromtimestamp(gone.removed_at, dt.UTC).isoformat(timespec="seconds")
+    days = ctx.policy.spill.retention_s / 86400
+    return PathExpired(
+        f"{shown} has expired: it was removed on {removed} (spill, error and argument files are kept "
+        f"{days:g} days). Re-run the query or tool that produced it to get a fresh copy."
+    )

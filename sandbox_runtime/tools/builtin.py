@@ -1,0 +1,55 @@
+"""The built-in tools as the dispatch pipeline sees them (more join with the path-taking tools)."""
+
+from __future__ import annotations
+
+from sandbox_runtime.errors import PathNotFound
+from sandbox_runtime.tools.base import ToolContext, ToolReturn, ToolSpec, expired_or
+from sandbox_runtime.tools.read_file import READ_FILE_DESCRIPTION, ReadFileArgs, read_file
+from sandbox_runtime.tools.run_python import RunPythonArgs, parse_args, run_python
+
+__all__ = ["builtin_tools"]
+
+RUN_PYTHON_DESCRIPTION = (
+    "Run Python 3 in this conversation's sandbox (standard library plus openpyxl, python-docx and python-pptx; "
+    "no network, no pip). Give `code` for a few lines, or `script_path` for a script saved in the results "
+    "folder (/mnt/results) — edit long scripts there and run them by path instead of retyping them. Files "
+    "written under /mnt/results stay for the conversation. Results over 1,000 characters are saved to a file "
+    "and you get its path: read data from such paths in your script instead of copying values. A failure "
+    "returns the exception line and the path of the full error."
+)
+
+
+def _run_python(ctx: ToolContext, args: RunPythonArgs) -> ToolReturn:
+    args = parse_args(args, ctx.policy)
+    try:
+        result = run_python(ctx.manager, ctx.conversation_id, args)
+    except PathNotFound as exc:
+        if args.script_path is None:
+            raise
+        raise expired_or(ctx, args.script_path, exc) from exc
+    return ToolReturn(
+        content=result.stdout,
+        is_error=result.is_error,
+        note=result.message,
+        error_path=result.error_path,
+        details=result.model_dump(exclude={"stdout", "message"}),
+    )
+
+
+def _read_file(ctx: ToolContext, args: ReadFileArgs) -> ToolReturn:
+    try:
+        result = read_file(
+            ctx.root, args, max_chars=ctx.policy.tools.read_max_chars, max_file_bytes=ctx.policy.store.quota_bytes
+        )
+    except PathNotFound as exc:
+        raise expired_or(ctx, args.path, exc) from exc
+    return ToolReturn(content=result.text, details=result.model_dump(exclude={"text"}))
+
+
+def builtin_tools() -> dict[str, ToolSpec]:
+    """Every built-in tool by name, in the stable order ``tools/list`` shows them."""
+    specs = [
+        ToolSpec("run_python", RUN_PYTHON_DESCRIPTION, RunPythonArgs, _run_python),
+        ToolSpec("read_file", READ_FILE_DESCRIPTION, ReadFileArgs, _read_file, spill_mode="self_bounded"),
+    ]
+    return {spec.name: spec for spec in specs}
