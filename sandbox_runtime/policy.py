@@ -137,6 +137,9 @@ class ToolsPolicy(_Model):
     read_max_chars: PositiveInt = Field(
         500_000, description="read_file returns at most this many characters, then a marker with the next offset."
     )
+    text_file_max_bytes: PositiveInt = Field(
+        4 * MiB, description="Largest file write_file creates or edit_file reads and writes."
+    )
 
 
 class Policy(_Model):

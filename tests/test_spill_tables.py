@@ -146,3 +146,22 @@ def test_rows_are_read_one_at_a_time() -> None:
 @pytest.mark.parametrize("text", ["z" * 300_000, "a,b\n" + "x" * 200_000 + ",1\n"])
 def test_very_long_lines_are_not_a_table_and_do_not_break_the_csv_reader(text: str) -> None:
     assert isinstance(recognise_table(text), str)
+
+
+def test_values_from_a_database_cursor_keep_their_types() -> None:
+    import decimal  # noqa: PLC0415
+
+    table = _table(
+        {
+            "columns": ["day", "at", "price", "other"],
+            "rows": [
+                [dt.date(2020, 1, 1), dt.datetime(2020, 1, 1, 5, 30), decimal.Decimal("1.50"), b"raw"],
+                [None, "2020-01-02T00:00:00", decimal.Decimal(2), None],
+            ],
+        }
+    )
+    assert table.column_types == ("date", "datetime", "number", "string")
+    assert _round_trip(table) == [
+        [dt.date(2020, 1, 1), dt.datetime(2020, 1, 1, 5, 30), 1.5, "b'raw'"],
+        [None, dt.datetime(2020, 1, 2), 2, None],
+    ]

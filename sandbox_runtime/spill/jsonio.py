@@ -9,13 +9,32 @@ to NULL).
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import json
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import orjson
 
-__all__ = ["dumps_compact", "dumps_lines", "dumps_pretty", "loads"]
+__all__ = ["dumps_compact", "dumps_lines", "dumps_pretty", "loads", "paused_gc"]
+
+
+@contextlib.contextmanager
+def paused_gc() -> Iterator[None]:
+    """Pause the cyclic garbage collector while a large result is parsed and written.
+
+    Parsing a megabyte of JSON makes tens of thousands of containers; each few hundred of them start a
+    collection that walks the young objects again, which more than doubles the time. Reference counting still
+    frees everything at once; cycles are collected when the collector resumes.
+    """
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
 
 
 def loads(text: str) -> Any:
@@ -55,6 +74,7 @@ def dumps_lines(rows: Iterable[Any]) -> bytes:
     if not rows:
         return b""
     try:
-        return b"\n".join(map(orjson.dumps, rows)) + b"\n"
+        # `+ newline` makes an exact-size copy: orjson's own results keep ~4 KB of spare room each
+        return b"".join([orjson.dumps(row) + b"\n" for row in rows])
     except (orjson.JSONEncodeError, TypeError):
         return b"".join(dumps_compact(row) + b"\n" for row in rows)

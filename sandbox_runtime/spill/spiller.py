@@ -24,7 +24,7 @@ from pydantic import BaseModel, ConfigDict
 
 from sandbox_runtime.errors import PathExists, PathRejected
 from sandbox_runtime.policy import SpillPolicy
-from sandbox_runtime.spill.jsonio import dumps_compact, dumps_pretty, loads
+from sandbox_runtime.spill.jsonio import dumps_compact, dumps_pretty, loads, paused_gc
 from sandbox_runtime.spill.manifest import record_in_manifest
 from sandbox_runtime.spill.streamed import StreamedFile, TableStream, buffer_or_stream
 from sandbox_runtime.spill.tables import Table, recognise_table, table_file_bytes
@@ -184,12 +184,13 @@ def spill_result(
             with found.body:
                 return _spill_streamed(job, found)
         result = found
-    text, value = unwrap_result(result)
-    if len(text) < threshold:
-        return SpillOutcome(text=text)
+    with paused_gc():
+        text, value = unwrap_result(result)
+        if len(text) < threshold:
+            return SpillOutcome(text=text)
+        kind, data, table = _payload(text, value)
     over_cap = len(text) > policy.inline_cap_chars
     preview = text[: policy.preview_chars]
-    kind, data, table = _payload(text, value)
     stem = file_stem(tool, call_id)
     relative = f"spill/{stem}{_EXTENSION[kind]}"
     try:

@@ -16,17 +16,9 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import IO, Any
 
+from sandbox_runtime.spill.cells import Cell, ColumnType, cell, type_from_kinds, value_type
 from sandbox_runtime.spill.jsonio import dumps_compact
-from sandbox_runtime.spill.tables import (
-    Cell,
-    ColumnType,
-    cell,
-    header_line,
-    row_line,
-    type_from_kinds,
-    unique_names,
-    value_type,
-)
+from sandbox_runtime.spill.tables import header_line, row_line, unique_names
 
 __all__ = ["StreamedFile", "TableStream", "buffer_or_stream"]
 

@@ -15,46 +15,35 @@ from __future__ import annotations
 
 import ast
 import csv
-import datetime as dt
 import io
 import json
-import math
 import operator
 import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from typing import IO, Any, Literal
+from typing import IO, Any
 
+from sandbox_runtime.spill.cells import Cell, ColumnType, clean_column, coerce, text_cell
 from sandbox_runtime.spill.jsonio import dumps_compact, dumps_lines
 
 __all__ = [
     "TABLE_FORMAT",
+    "Cell",
     "ColumnType",
     "Table",
     "TableFileError",
-    "cell",
     "header_line",
     "iter_table_file",
     "recognise_table",
     "row_line",
     "table_file_bytes",
-    "type_from_kinds",
     "unique_names",
-    "value_type",
     "write_table_file",
 ]
 
 TABLE_FORMAT = "sandbox-runtime.table"
-ColumnType = Literal["integer", "number", "boolean", "date", "datetime", "string", "empty"]
-Cell = int | float | bool | str | dt.date | dt.datetime | None
-
 _LITERAL_MAX_CHARS = 5_000_000  # larger Python-literal text is not parsed (ast costs ~100x the text in memory)
 _LITERAL_MAX_DEPTH = 64
-_DATE = re.compile(r"\d{4}-\d{2}-\d{2}")
-_DATETIME = re.compile(r"\d{4}-\d{2}-\d{2}[T ]\d{2}:\d{2}(:\d{2}(\.\d{1,6})?)?(Z|[+-]\d{2}:?\d{2})?")
-_INTEGER = re.compile(r"[+-]?\d{1,18}")
-_NUMBER = re.compile(r"[+-]?(\d+\.\d*|\.\d+|\d+)([eE][+-]?\d+)?")
-_LEADING_ZERO = re.compile(r"[+-]?0\d")
 _MD_RULE = re.compile(r"\|?\s*:?-{3,}:?\s*(\|\s*:?-{3,}:?\s*)*\|?")
 
 
@@ -105,23 +94,23 @@ def _from_value(value: object, shape_prefix: str) -> Table | str:
 def _from_records(value: list[Any], shape_prefix: str) -> Table | str:
     if not value:
         return "an empty list has no columns"
-    if not all(isinstance(item, dict) for item in value):
+    if set(map(type, value)) != {dict}:
         return "a list whose items are not all objects"
-    keys = value[0].keys()
-    if all(isinstance(k, str) for k in keys) and all(record.keys() == keys for record in value):
-        names = tuple(keys)  # the common case: every record has the same keys
-    else:
+    first = tuple(value[0])
+    width = len(first)
+    try:
+        # the common case: every record has the same keys (same count, and each column found in every record)
+        if not all(isinstance(k, str) for k in first) or set(map(len, value)) != {width}:
+            raise KeyError(first)
+        data = [list(map(operator.itemgetter(name), value)) for name in first]
+        names = first
+    except KeyError:
         columns: dict[str, None] = {}
         for record in value:
             for key in record:
                 columns.setdefault(str(key), None)
         names = tuple(columns)
-    data = []
-    for name in names:
-        try:  # the common case, every record has the key: picked in C
-            data.append(list(map(operator.itemgetter(name), value)))
-        except KeyError:
-            data.append([record.get(name) for record in value])
+        data = [[record.get(name) for record in value] for name in names]
     return _typed(names, data, f"{shape_prefix}_records", ())
 
 
@@ -205,7 +194,7 @@ def _markdown(lines: list[str]) -> Table | str:
     if any(len(row) != len(header) for row in body):
         return "a Markdown table with rows of different widths"
     names, notes = unique_names(header)
-    return _typed(names, _transpose([[_text_cell(c) for c in row] for row in body], len(names)), "markdown", notes)
+    return _typed(names, _transpose([[text_cell(c) for c in row] for row in body], len(names)), "markdown", notes)
 
 
 def _delimited(text: str, delimiter: str, shape: str) -> Table | str:
@@ -222,7 +211,7 @@ def _delimited(text: str, delimiter: str, shape: str) -> Table | str:
     if any(len(row) != len(rows[0]) for row in rows):
         return f"not {shape}: rows of different widths"
     names, notes = unique_names([name.strip() for name in rows[0]])
-    return _typed(names, _transpose([[_text_cell(c) for c in row] for row in rows[1:]], len(names)), shape, notes)
+    return _typed(names, _transpose([[text_cell(c) for c in row] for row in rows[1:]], len(names)), shape, notes)
 
 
 def unique_names(raw: list[str]) -> tuple[tuple[str, ...], tuple[str, ...]]:
@@ -242,132 +231,14 @@ def unique_names(raw: list[str]) -> tuple[tuple[str, ...], tuple[str, ...]]:
     return tuple(names), tuple(notes)
 
 
-# cells and types ----------------------------------------------------------------------------------------
-def cell(value: object) -> Cell:
-    """A JSON value as a cell: scalars as they are (NaN/inf become NULL); nested values as compact JSON."""
-    if value is None or isinstance(value, bool | int | str):
-        return value
-    if isinstance(value, float):
-        return value if math.isfinite(value) else None
-    return json.dumps(value, ensure_ascii=False, separators=(",", ":"), default=str)
-
-
-def _text_cell(text: str) -> Cell:
-    """A CSV/Markdown cell: empty is NULL, numbers and booleans are parsed, everything else stays text."""
-    value = text.strip()
-    if not value or value.upper() in ("NULL", "NONE"):
-        return None
-    if _LEADING_ZERO.match(value):
-        return text  # a code such as a postal code or an id, not a number
-    if _INTEGER.fullmatch(value):
-        return int(value)
-    if _NUMBER.fullmatch(value):
-        return float(value)
-    if value.lower() in ("true", "false"):
-        return value.lower() == "true"
-    return text
-
-
-def value_type(value: Cell) -> ColumnType:
-    if isinstance(value, bool):
-        return "boolean"
-    if isinstance(value, int):
-        return "integer"
-    if isinstance(value, float):
-        return "number"
-    if isinstance(value, str):
-        if _DATE.fullmatch(value) and _parse_date(value) is not None:
-            return "date"
-        if _DATETIME.fullmatch(value) and _parse_datetime(value) is not None:
-            return "datetime"
-    return "string"
-
-
-def type_from_kinds(kinds: set[ColumnType]) -> ColumnType:
-    """A column's type from the types of its non-NULL values."""
-    if not kinds:
-        return "empty"
-    if len(kinds) == 1:
-        return next(iter(kinds))
-    if kinds == {"integer", "number"}:
-        return "number"
-    if kinds == {"date", "datetime"}:
-        return "datetime"
-    return "string"
-
-
 def _transpose(rows: list[Any], width: int) -> list[list[Any]]:
     return [list(column) for column in zip(*rows, strict=True)] if rows else [[] for _ in range(width)]
 
 
 def _typed(names: tuple[str, ...], data: list[list[Any]], shape: str, notes: tuple[str, ...]) -> Table:
     """Clean and type the values column by column (whole columns at C speed where the values allow)."""
-    types = tuple(_clean_column(column) for column in data)
+    types = tuple(clean_column(column) for column in data)
     return Table(columns=names, data=data, column_types=types, shape=shape, notes=notes)
-
-
-_SCALARS = frozenset({type(None), bool, int, str})
-_NUMERIC = frozenset({type(None), int, float})
-_KIND_OF_TYPE: dict[type, ColumnType] = {bool: "boolean", int: "integer", float: "number"}
-
-
-def _clean_column(column: list[Any]) -> ColumnType:
-    """Make every value of ``column`` a cell (in place) and return the column's type; dates become objects."""
-    present = set(map(type, column))
-    if float in present and present <= _NUMERIC:
-        floats = [v for v in column if type(v) is float]
-        if not all(map(math.isfinite, floats)):
-            column[:] = map(cell, column)  # NaN and infinities become NULL
-    elif not present <= _SCALARS:  # nested values and other objects become text
-        column[:] = map(cell, column)
-        present = set(map(type, column))
-    kinds: set[ColumnType] = {_KIND_OF_TYPE[t] for t in present if t in _KIND_OF_TYPE}
-    if str in present:
-        kinds |= _string_kinds(column)
-    kind = type_from_kinds(kinds)
-    if kind == "date" and present == {str}:
-        column[:] = map(dt.date.fromisoformat, column)
-    elif kind in ("date", "datetime"):
-        parse = dt.date.fromisoformat if kind == "date" else _parse_datetime
-        column[:] = [v if v is None else parse(v) for v in column]
-    return kind
-
-
-def _string_kinds(column: list[Any]) -> set[ColumnType]:
-    """The kinds of a column's strings: only a column whose first string looks like a date is looked at whole."""
-    strings = [v for v in column if type(v) is str]
-    if not _DATE.match(strings[0]):
-        return {"string"}
-    if all(map(_DATE.fullmatch, strings)):
-        return {"date"} if all(map(_is_date, strings)) else {"string"}
-    return {value_type(v) for v in strings}
-
-
-def _is_date(text: str) -> bool:
-    return _parse_date(text) is not None
-
-
-def _coerce(value: Cell, kind: ColumnType) -> Cell:
-    """Dates and datetimes become date objects by their column's type; every other value keeps its own type."""
-    if isinstance(value, str) and kind == "date":
-        return _parse_date(value)
-    if isinstance(value, str) and kind == "datetime":
-        return _parse_datetime(value)
-    return value
-
-
-def _parse_date(text: str) -> dt.date | None:
-    try:
-        return dt.date.fromisoformat(text)
-    except ValueError:
-        return None
-
-
-def _parse_datetime(text: str) -> dt.datetime | None:
-    try:
-        return dt.datetime.fromisoformat(text.replace("Z", "+00:00"))
-    except ValueError:
-        return None
 
 
 # the file ---------------------------------------------------------------------------------------------
@@ -414,4 +285,4 @@ def iter_table_file(lines: Iterable[str]) -> Iterator[tuple[tuple[str, ...], tup
             raise TableFileError(f"line {number}: not a JSON row ({exc})") from exc
         if not isinstance(row, list) or len(row) != len(columns):
             raise TableFileError(f"line {number}: expected {len(columns)} cells")
-        yield columns, types, [_coerce(value, kind) for value, kind in zip(row, types, strict=True)]
+        yield columns, types, [coerce(value, kind) for value, kind in zip(row, types, strict=True)]

@@ -4,6 +4,14 @@ from __future__ import annotations
 
 from sandbox_runtime.errors import PathNotFound
 from sandbox_runtime.tools.base import ToolContext, ToolReturn, ToolSpec, expired_or
+from sandbox_runtime.tools.files import (
+    EDIT_FILE_DESCRIPTION,
+    WRITE_FILE_DESCRIPTION,
+    EditFileArgs,
+    WriteFileArgs,
+    edit_file,
+    write_file,
+)
 from sandbox_runtime.tools.read_file import READ_FILE_DESCRIPTION, ReadFileArgs, read_file
 from sandbox_runtime.tools.run_python import RunPythonArgs, parse_args, run_python
 
@@ -46,10 +54,25 @@ def _read_file(ctx: ToolContext, args: ReadFileArgs) -> ToolReturn:
     return ToolReturn(content=result.text, details=result.model_dump(exclude={"text"}))
 
 
+def _write_file(ctx: ToolContext, args: WriteFileArgs) -> ToolReturn:
+    written = write_file(ctx.root, args, max_bytes=ctx.policy.tools.text_file_max_bytes)
+    return ToolReturn(content=written.message, details=written.model_dump())
+
+
+def _edit_file(ctx: ToolContext, args: EditFileArgs) -> ToolReturn:
+    try:
+        written = edit_file(ctx.root, args, max_bytes=ctx.policy.tools.text_file_max_bytes)
+    except PathNotFound as exc:
+        raise expired_or(ctx, args.path, exc) from exc
+    return ToolReturn(content=written.message, details=written.model_dump())
+
+
 def builtin_tools() -> dict[str, ToolSpec]:
     """Every built-in tool by name, in the stable order ``tools/list`` shows them."""
     specs = [
         ToolSpec("run_python", RUN_PYTHON_DESCRIPTION, RunPythonArgs, _run_python),
         ToolSpec("read_file", READ_FILE_DESCRIPTION, ReadFileArgs, _read_file, spill_mode="self_bounded"),
+        ToolSpec("write_file", WRITE_FILE_DESCRIPTION, WriteFileArgs, _write_file),
+        ToolSpec("edit_file", EDIT_FILE_DESCRIPTION, EditFileArgs, _edit_file),
     ]
     return {spec.name: spec for spec in specs}
