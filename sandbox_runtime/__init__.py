@@ -1,5 +1,6 @@
 """sandbox-runtime: hardened per-conversation sandboxes and a data path that bypasses model output."""
 
+from sandbox_runtime.approval import ApprovalRequest
 from sandbox_runtime.dispatch import HostResult, ToolCall, ToolOutcome, TurnReport
 from sandbox_runtime.errors import (
     EngineUnavailable,
@@ -25,9 +26,12 @@ from sandbox_runtime.policy import Policy, load_policy
 from sandbox_runtime.runtime import Conversation, Runtime
 from sandbox_runtime.spill.spiller import ResultDescriptor
 from sandbox_runtime.spill.streamed import TableStream
+from sandbox_runtime.state import CallRecord
 from sandbox_runtime.tools.run_python import RunPythonResult
 
 __all__ = [
+    "ApprovalRequest",
+    "CallRecord",
     "Conversation",
     "EngineUnavailable",
     "FileTooLarge",

@@ -20,19 +20,21 @@ import logging
 import time
 import uuid
 from collections import Counter
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from sandbox_runtime.errors import InvalidToolArguments, PathNotFound, PathRejected, UnknownTool
+from sandbox_runtime.approval import Approver
+from sandbox_runtime.errors import InvalidToolArguments
+from sandbox_runtime.execution import CallRunner, Ran
 from sandbox_runtime.policy import Policy
 from sandbox_runtime.spill.budget import BudgetCandidate, BudgetDecision, plan_turn_budget
 from sandbox_runtime.spill.failures import spill_error
 from sandbox_runtime.spill.spiller import ResultDescriptor, spill_result, unwrap_result
-from sandbox_runtime.state import StateDB, StoredResult
-from sandbox_runtime.tools.base import SpillMode, ToolContext, ToolReturn, ToolSpec, validate_arguments
+from sandbox_runtime.state import CallRecord, StateDB, StoredResult
+from sandbox_runtime.tools.base import SpillMode, ToolContext, ToolSpec
 
 __all__ = ["Dispatcher", "HostResult", "ToolCall", "ToolOutcome", "TurnReport"]
 
@@ -40,7 +42,6 @@ logger = logging.getLogger(__name__)
 
 _CALL_ID_MAX_CHARS = 200
 _PARALLEL_CALLS_MAX = 8
-_TOOL_FAILURES = (InvalidToolArguments, PathRejected, PathNotFound)
 
 
 class ToolCall(BaseModel):
@@ -126,15 +127,17 @@ class Dispatcher:
         self,
         state: StateDB,
         policy: Policy,
-        tools: Mapping[str, ToolSpec],
+        tools: dict[str, ToolSpec],
         context: Callable[[str], ToolContext],
         clock: Callable[[], float] = time.time,
+        approver: Approver | None = None,
     ) -> None:
         self.state = state
         self.policy = policy
-        self.tools = dict(tools)
+        self.tools = tools  # the runtime's own mapping: tools it registers later are seen here too
         self._context = context
         self._clock = clock
+        self.runner = CallRunner(policy, tools, approver, clock)
 
     def run_turn(
         self, conversation_id: str, items: Sequence[ToolCall | HostResult], turn_id: str | None = None
@@ -148,14 +151,18 @@ class Dispatcher:
         stored = self.state.stored_results(conversation_id, ids)
         ctx = self._context(conversation_id)
         fresh = [(i, item) for i, item in enumerate(calls) if ids[i] not in stored]
-        returns = self._execute(ctx, [item for _i, item in fresh])
-        pending = {ids[i]: self._spill(ctx, item, ret) for (i, item), ret in zip(fresh, returns, strict=True)}
+        runs = self._execute(ctx, [item for _i, item in fresh])
+        pending = {ids[i]: self._spill(ctx, item, ran) for (i, item), ran in zip(fresh, runs, strict=True)}
         if any(p.descriptor is not None or p.error_path is not None for p in pending.values()):
             self._sync(ctx, pending)  # one sync for the turn's files, before their decisions are stored
         decision = self._budget(ids, stored, pending)
         now = self._clock()
+        records = [
+            self._record(conversation_id, turn_id, item, ran, pending[ids[i]])
+            for (i, item), ran in zip(fresh, runs, strict=True)
+        ]
         kept = self.state.store_results(
-            [_to_stored(conversation_id, turn_id, now, p) for p in pending.values()]
+            [_to_stored(conversation_id, turn_id, now, p) for p in pending.values()], records
         )  # written before anything is returned; a concurrent first decision wins
         outcomes = []
         for call_id in ids:
@@ -184,39 +191,39 @@ class Dispatcher:
                 p.warnings.append(warning)
 
     # ------------------------------------------------------------------------------------------ execute
-    def _execute(self, ctx: ToolContext, items: Sequence[ToolCall | HostResult]) -> list[ToolReturn]:
+    def _execute(self, ctx: ToolContext, items: Sequence[ToolCall | HostResult]) -> list[Ran]:
         if sum(isinstance(item, ToolCall) for item in items) <= 1:
             return [self._run_one(ctx, item) for item in items]
         with ThreadPoolExecutor(max_workers=_PARALLEL_CALLS_MAX, thread_name_prefix="sandbox-runtime-call") as pool:
             return list(pool.map(lambda item: self._run_one(ctx, item), items))
 
-    def _run_one(self, ctx: ToolContext, item: ToolCall | HostResult) -> ToolReturn:
+    def _run_one(self, ctx: ToolContext, item: ToolCall | HostResult) -> Ran:
         if isinstance(item, HostResult):
-            if not item.is_error and not _mcp_error(item.result):
-                return ToolReturn(content=item.result)
-            return ToolReturn(is_error=True, error=unwrap_result(item.result)[0])
-        spec = self.tools.get(item.tool)
-        try:
-            if spec is None:
-                raise UnknownTool(f"there is no tool named {item.tool!r}; the tools are: {', '.join(self.tools)}")
-            return spec.handler(ctx, validate_arguments(spec, item.arguments))
-        except _TOOL_FAILURES as exc:
-            return ToolReturn(is_error=True, error=f"{type(exc).__name__}: {exc}")
+            return self.runner.host_result(item.tool, item.result, item.is_error)
+        return self.runner.run(ctx, item.call_id or "", item.tool, item.arguments)
+
+    def _record(
+        self, conversation_id: str, turn_id: str, item: ToolCall | HostResult, ran: Ran, pending: _Pending
+    ) -> CallRecord:
+        arguments = item.arguments if isinstance(item, ToolCall) else None
+        record = self.runner.record(conversation_id, turn_id, item.call_id or "", item.tool, arguments, ran)
+        descriptor = None if pending.descriptor is None else pending.descriptor.model_dump_json()
+        return record.model_copy(update={"descriptor": descriptor, "error_path": pending.error_path})
 
     # ------------------------------------------------------------------------------------------ spill
-    def _mode(self, item: ToolCall | HostResult) -> tuple[SpillMode, int | None]:
+    def _mode(self, item: ToolCall | HostResult, tool: str) -> tuple[SpillMode, int | None]:
         if isinstance(item, HostResult):
             mode, threshold = item.spill_mode, item.threshold_chars
         else:
-            spec = self.tools.get(item.tool)
+            spec = self.tools.get(tool)
             mode, threshold = (spec.spill_mode, spec.threshold_chars) if spec else ("normal", None)
-        rule = self.policy.spill.tools.get(item.tool)
+        rule = self.policy.spill.tools.get(tool)
         if rule is not None:
             mode, threshold = rule.mode, rule.threshold_chars or threshold
         return mode, threshold
 
-    def _spill(self, ctx: ToolContext, item: ToolCall | HostResult, ret: ToolReturn) -> _Pending:
-        call_id = item.call_id or ""
+    def _spill(self, ctx: ToolContext, item: ToolCall | HostResult, ran: Ran) -> _Pending:
+        call_id, ret, tool = item.call_id or "", ran.ret, ran.target
         pending = _Pending(
             call_id=call_id,
             tool=item.tool,
@@ -225,7 +232,7 @@ class Dispatcher:
             error_path=ret.error_path,
             details=ret.details,
         )
-        mode, threshold = self._mode(item)
+        mode, threshold = self._mode(item, tool)
         now = dt.datetime.fromtimestamp(self._clock(), dt.UTC)
         text = unwrap_result(ret.content)[0] if mode == "self_bounded" else None
         if text is not None:
@@ -234,7 +241,7 @@ class Dispatcher:
             spilled = spill_result(
                 ctx.root,
                 ret.content,
-                tool=item.tool,
+                tool=tool,
                 call_id=call_id,
                 policy=self.policy.spill,
                 now=now,
@@ -248,7 +255,7 @@ class Dispatcher:
             failure = spill_error(
                 ctx.root,
                 ret.error,
-                tool=item.tool,
+                tool=tool,
                 call_id=call_id,
                 keep_whole_chars=self.policy.spill.threshold_chars,
                 max_chars=self.policy.spill.inline_cap_chars,
@@ -305,10 +312,6 @@ def _check_call_id(call_id: str | None) -> str:
 
 def _repeated(ids: list[str]) -> str:
     return ", ".join(sorted(call_id for call_id, n in Counter(ids).items() if n > 1))
-
-
-def _mcp_error(result: object) -> bool:
-    return isinstance(result, dict) and isinstance(result.get("content"), list) and result.get("isError") is True
 
 
 def _to_stored(conversation_id: str, turn_id: str, now: float, p: _Pending) -> StoredResult:

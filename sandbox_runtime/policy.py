@@ -19,6 +19,7 @@ from sandbox_runtime.errors import PolicyError
 
 __all__ = [
     "BUILTIN_POLICY_NAMES",
+    "ApprovalPolicy",
     "Policy",
     "RunPolicy",
     "SandboxLimits",
@@ -140,6 +141,28 @@ class ToolsPolicy(_Model):
     text_file_max_bytes: PositiveInt = Field(
         4 * MiB, description="Largest file write_file creates or edit_file reads and writes."
     )
+    args_file_max_bytes: PositiveInt = Field(
+        1 * MiB, description="Largest arguments file delegate_call reads (checked before it is read whole)."
+    )
+    record_args_max_bytes: PositiveInt = Field(
+        1 * MiB, description="Arguments kept in the execution record per call; longer ones are cut and marked."
+    )
+
+
+Rule = Literal["allow", "deny", "ask"]
+
+
+class ApprovalPolicy(_Model):
+    """Which calls run: judged on the real, expanded arguments (after delegate_call read its file)."""
+
+    default_rule: Rule = Field("allow", description="The rule for tools not named in `tool_rules`.")
+    tool_rules: dict[str, Rule] = Field(default_factory=dict, description="Per-tool rules by tool name.")
+    rule_without_approver: Literal["allow", "deny"] = Field(
+        "deny", description="What 'ask' means when the host gave no approver (and, later, no MCP elicitation)."
+    )
+    shown_max_chars: PositiveInt = Field(
+        20_000, description="Longest arguments text an approval request shows; longer: a summary and the path."
+    )
 
 
 class Policy(_Model):
@@ -151,6 +174,7 @@ class Policy(_Model):
     store: StorePolicy = StorePolicy()
     spill: SpillPolicy = SpillPolicy()
     tools: ToolsPolicy = ToolsPolicy()
+    approval: ApprovalPolicy = ApprovalPolicy()
 
     def digest(self) -> str:
         """A short, stable hash of every value; carried as a container label."""

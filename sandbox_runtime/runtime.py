@@ -33,6 +33,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, Literal
 
+from sandbox_runtime.approval import Approver
 from sandbox_runtime.dispatch import Dispatcher, HostResult, ToolCall, ToolOutcome, TurnReport
 from sandbox_runtime.policy import Policy, load_policy
 from sandbox_runtime.sandbox.backend import SandboxBackend
@@ -40,11 +41,11 @@ from sandbox_runtime.sandbox.manager import Removal, Sandbox, SandboxManager
 from sandbox_runtime.sandbox.selfcheck import SelfCheckReport
 from sandbox_runtime.spill.history import HistoryRebuild, rebuild_history
 from sandbox_runtime.spill.retention import RetentionReport, expire_results
-from sandbox_runtime.state import StateDB, StoredResult
+from sandbox_runtime.state import CallRecord, StateDB, StoredResult
 from sandbox_runtime.store.folders import ConversationFolders, ConversationStore, validate_conversation_id
 from sandbox_runtime.store.quota import QuotaUsage
 from sandbox_runtime.tools.base import SpillMode, ToolContext, ToolSpec
-from sandbox_runtime.tools.builtin import builtin_tools
+from sandbox_runtime.tools.builtin import builtin_tools, host_tool
 from sandbox_runtime.tools.run_python import RunPythonArgs, RunPythonResult, run_python
 
 __all__ = ["Conversation", "Runtime", "default_state_dir"]
@@ -137,6 +138,10 @@ class Conversation:
         decided = self.runtime.state.stored_results(self.id)
         return rebuild_history(messages, {call_id: r.text for call_id, r in decided.items()})
 
+    def calls(self) -> list[CallRecord]:
+        """The execution record: every call with its short and expanded arguments, status and timings."""
+        return self.runtime.state.calls(self.id)
+
     def decisions(self) -> list[StoredResult]:
         """Every stored tool-result decision of this conversation, oldest first."""
         return list(self.runtime.state.stored_results(self.id).values())
@@ -182,6 +187,7 @@ class Runtime:
         sweep_on_start: bool = True,
         reap_interval_s: float | None = 60.0,
         retention_interval_s: float | Literal["policy"] | None = "policy",
+        approver: Approver | None = None,
     ) -> None:
         self.policy = policy if isinstance(policy, Policy) else load_policy(policy)
         self.state_dir = Path(state_dir) if state_dir is not None else default_state_dir()
@@ -199,7 +205,7 @@ class Runtime:
         self.store = ConversationStore(self.state_dir, self.policy)
         self.manager = SandboxManager(backend, self.policy, self.store, self.state, image, extra_labels=extra_labels)
         self.tools: dict[str, ToolSpec] = builtin_tools()
-        self.dispatcher = Dispatcher(self.state, self.policy, self.tools, self._tool_context)
+        self.dispatcher = Dispatcher(self.state, self.policy, self.tools, self._tool_context, approver=approver)
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
         if sweep_on_start:
@@ -232,6 +238,24 @@ class Runtime:
             policy=self.policy,
             expired=lambda path: self.state.expired_file(conversation_id, path),
         )
+
+    def register_tool(
+        self,
+        name: str,
+        handler: Callable[[dict[str, Any]], object],
+        *,
+        description: str,
+        input_schema: dict[str, Any],
+        spill_mode: SpillMode = "normal",
+    ) -> None:
+        """Make one of the host's own tools callable through the pipeline (``call``, turns, ``delegate_call``).
+
+        ``handler`` gets the validated arguments and returns the result (text, JSON, an MCP ``CallToolResult``
+        or a :class:`~sandbox_runtime.spill.streamed.TableStream`); an exception it raises becomes a tool error
+        the model reads. ``input_schema`` is a JSON schema the arguments are validated against (after a
+        delegate_call expanded them).
+        """
+        self.tools[name] = host_tool(name, handler, description=description, schema=input_schema, mode=spill_mode)
 
     def conversation(self, conversation_id: str) -> Conversation:
         """The conversation with this id (nothing starts until it is used)."""

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict
 
-__all__ = ["ConversationRecord", "ExpiredFile", "SandboxRecord", "StateDB", "StoredResult"]
+__all__ = ["CallRecord", "ConversationRecord", "ExpiredFile", "SandboxRecord", "StateDB", "StoredResult"]
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS conversations (
@@ -42,6 +42,23 @@ CREATE TABLE IF NOT EXISTS tool_results (
     is_error INTEGER NOT NULL,
     replaced INTEGER NOT NULL,
     text BLOB NOT NULL,
+    descriptor TEXT,
+    error_path TEXT,
+    PRIMARY KEY (conversation_id, call_id)
+);
+CREATE TABLE IF NOT EXISTS calls (
+    conversation_id TEXT NOT NULL,
+    call_id TEXT NOT NULL,
+    turn_id TEXT,
+    tool TEXT NOT NULL,
+    target TEXT NOT NULL,
+    started_at REAL NOT NULL,
+    finished_at REAL NOT NULL,
+    status TEXT NOT NULL,
+    arguments BLOB,
+    expanded BLOB,
+    arguments_sha256 TEXT,
+    arguments_cut INTEGER NOT NULL DEFAULT 0,
     descriptor TEXT,
     error_path TEXT,
     PRIMARY KEY (conversation_id, call_id)
@@ -96,6 +113,27 @@ class StoredResult(BaseModel):
     replaced: bool
     text: str
     descriptor: str | None  # the ResultDescriptor as JSON
+    error_path: str | None
+
+
+class CallRecord(BaseModel):
+    """The execution record of one call: what the model wrote, what was really run, and how it ended."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    conversation_id: str
+    call_id: str
+    turn_id: str | None
+    tool: str  # as the model called it (e.g. delegate_call)
+    target: str  # what ran (the delegated tool)
+    started_at: float
+    finished_at: float
+    status: str  # ok | error | denied
+    arguments: str | None  # the short call, as JSON (cut to the policy's record cap)
+    expanded: str | None  # the expanded arguments, when they differ from the short call
+    arguments_sha256: str | None  # of the expanded arguments, whole
+    arguments_cut: bool
+    descriptor: str | None
     error_path: str | None
 
 
@@ -170,7 +208,7 @@ class StateDB:
         db = self._connect()
         db.execute("BEGIN IMMEDIATE")
         try:
-            for table in ("sandboxes", "tool_results", "expired_files"):
+            for table in ("sandboxes", "tool_results", "calls", "expired_files"):
                 db.execute(f"DELETE FROM {table} WHERE conversation_id = ?", (conversation_id,))  # noqa: S608
             db.execute("DELETE FROM conversations WHERE id = ?", (conversation_id,))
         except BaseException:
@@ -216,14 +254,36 @@ class StateDB:
         )
 
     # tool results -----------------------------------------------------------------------------------------
-    def store_results(self, results: list[StoredResult]) -> dict[str, StoredResult]:
-        """Record decisions in one transaction; a call id decided before keeps its first decision.
-
-        Returns what is stored for each call id afterwards (the earlier decision where there was one).
-        """
+    def store_results(
+        self, results: list[StoredResult], calls: list[CallRecord] | None = None
+    ) -> dict[str, StoredResult]:
+        """Record decisions (and their calls' execution records) in one transaction; a call id decided before
+        keeps its first decision. Returns what is stored for each call id afterwards."""
         db = self._connect()
         db.execute("BEGIN IMMEDIATE")
         try:
+            for c in calls or []:
+                db.execute(
+                    "INSERT OR IGNORE INTO calls(conversation_id, call_id, turn_id, tool, target, started_at, "
+                    "finished_at, status, arguments, expanded, arguments_sha256, arguments_cut, descriptor, "
+                    "error_path) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    (
+                        c.conversation_id,
+                        c.call_id,
+                        c.turn_id,
+                        c.tool,
+                        c.target,
+                        c.started_at,
+                        c.finished_at,
+                        c.status,
+                        None if c.arguments is None else _text_blob(c.arguments),
+                        None if c.expanded is None else _text_blob(c.expanded),
+                        c.arguments_sha256,
+                        int(c.arguments_cut),
+                        c.descriptor,
+                        c.error_path,
+                    ),
+                )
             for r in results:
                 db.execute(
                     "INSERT OR IGNORE INTO tool_results(conversation_id, call_id, tool, turn_id, decided_at, is_error, "
@@ -271,6 +331,22 @@ class StateDB:
                     (conversation_id, *chunk),
                 ).fetchall()
         return {row["call_id"]: _stored(row) for row in rows}
+
+    def calls(self, conversation_id: str) -> list[CallRecord]:
+        """The execution record of a conversation, oldest first."""
+        rows = (
+            self._connect()
+            .execute("SELECT * FROM calls WHERE conversation_id = ? ORDER BY started_at, rowid", (conversation_id,))
+            .fetchall()
+        )
+        records = []
+        for row in rows:
+            fields = dict(row)
+            for key in ("arguments", "expanded"):
+                if fields[key] is not None:
+                    fields[key] = bytes(fields[key]).decode("utf-8", "surrogatepass")
+            records.append(CallRecord(**fields))
+        return records
 
     # retention --------------------------------------------------------------------------------------------
     def record_expired(self, files: list[ExpiredFile]) -> None:

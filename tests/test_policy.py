@@ -25,6 +25,9 @@ UNIT_SUFFIXES = (
     "path",
     "name",
     "mode",
+    "rule",
+    "rules",
+    "approver",
 )
 
 

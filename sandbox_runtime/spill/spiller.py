@@ -34,6 +34,7 @@ __all__ = [
     "ResultDescriptor",
     "SpillOutcome",
     "file_stem",
+    "is_mcp_error",
     "publish_once",
     "spill_result",
     "unwrap_result",
@@ -80,6 +81,11 @@ class SpillOutcome(BaseModel):
     stand_in: str | None = None
     descriptor: ResultDescriptor | None = None
     warning: str | None = None
+
+
+def is_mcp_error(result: object) -> bool:
+    """An MCP ``CallToolResult`` with ``isError: true``."""
+    return isinstance(result, dict) and isinstance(result.get("content"), list) and result.get("isError") is True
 
 
 def unwrap_result(result: object) -> tuple[str, Any]:

@@ -12,6 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from jsonschema import Draft202012Validator
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from sandbox_runtime.errors import InvalidToolArguments, PathExpired, PathNotFound, PathRejected
@@ -57,29 +58,42 @@ class ToolContext:
 
 @dataclass(frozen=True)
 class ToolSpec:
-    """A built-in tool."""
+    """A tool the pipeline can run: built in (a pydantic argument model) or the host's (a JSON schema)."""
 
     name: str
     description: str
-    arguments: type[BaseModel]
+    arguments: type[BaseModel] | None
     handler: Callable[[ToolContext, Any], ToolReturn]
     spill_mode: SpillMode = "normal"
     threshold_chars: int | None = None  # the tool's own spill threshold (None: the policy's)
+    schema: dict[str, Any] | None = None  # the JSON schema of a host tool's arguments
 
     def input_schema(self) -> dict[str, Any]:
         """The JSON schema of the arguments (what MCP's ``tools/list`` shows)."""
-        return self.arguments.model_json_schema()
+        if self.arguments is not None:
+            return self.arguments.model_json_schema()
+        return self.schema or {"type": "object"}
 
 
-def validate_arguments(spec: ToolSpec, raw: object) -> BaseModel:
-    """Arguments as the model sent them, checked against the tool's schema; errors name each bad field."""
+def validate_arguments(spec: ToolSpec, raw: object, *, label: str | None = None) -> Any:
+    """Arguments checked against the tool's schema: a model instance for built-in tools, the dict itself for
+    host tools. Errors name each failing field; ``label`` names the call (e.g. ``delegate_call → crm__create``)."""
+    name = label or spec.name
+    if spec.arguments is None:
+        problems = sorted(
+            Draft202012Validator(spec.input_schema()).iter_errors(raw), key=lambda e: list(map(str, e.path))
+        )
+        if problems:
+            detail = "; ".join(f"{'.'.join(map(str, e.path)) or 'arguments'}: {e.message}" for e in problems[:10])
+            raise InvalidToolArguments(f"{name}: {detail}")
+        return raw
     if isinstance(raw, spec.arguments):
         return raw
     try:
         return spec.arguments.model_validate(raw)
     except ValidationError as exc:
         detail = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'arguments'}: {e['msg']}" for e in exc.errors())
-        raise InvalidToolArguments(f"{spec.name}: {detail}") from exc
+        raise InvalidToolArguments(f"{name}: {detail}") from exc
 
 
 def expired_or(ctx: ToolContext, path: str, missing: PathNotFound) -> PathNotFound:

@@ -2,8 +2,17 @@
 
 from __future__ import annotations
 
-from sandbox_runtime.errors import PathNotFound
-from sandbox_runtime.tools.base import ToolContext, ToolReturn, ToolSpec, expired_or
+import logging
+import re
+from collections.abc import Callable
+from typing import Any
+
+from jsonschema import Draft202012Validator
+
+from sandbox_runtime.errors import InvalidToolArguments, PathNotFound
+from sandbox_runtime.spill.spiller import is_mcp_error, unwrap_result
+from sandbox_runtime.tools.base import SpillMode, ToolContext, ToolReturn, ToolSpec, expired_or
+from sandbox_runtime.tools.delegate import DELEGATE_CALL_DESCRIPTION, DelegateCallArgs
 from sandbox_runtime.tools.files import (
     EDIT_FILE_DESCRIPTION,
     WRITE_FILE_DESCRIPTION,
@@ -15,7 +24,9 @@ from sandbox_runtime.tools.files import (
 from sandbox_runtime.tools.read_file import READ_FILE_DESCRIPTION, ReadFileArgs, read_file
 from sandbox_runtime.tools.run_python import RunPythonArgs, parse_args, run_python
 
-__all__ = ["builtin_tools"]
+__all__ = ["builtin_tools", "host_tool"]
+
+logger = logging.getLogger(__name__)
 
 RUN_PYTHON_DESCRIPTION = (
     "Run Python 3 in this conversation's sandbox (standard library plus openpyxl, python-docx and python-pptx; "
@@ -67,6 +78,10 @@ def _edit_file(ctx: ToolContext, args: EditFileArgs) -> ToolReturn:
     return ToolReturn(content=written.message, details=written.model_dump())
 
 
+def _delegate_call(ctx: ToolContext, args: DelegateCallArgs) -> ToolReturn:
+    raise InvalidToolArguments("delegate_call is expanded by the dispatch pipeline, never run directly")
+
+
 def builtin_tools() -> dict[str, ToolSpec]:
     """Every built-in tool by name, in the stable order ``tools/list`` shows them."""
     specs = [
@@ -74,5 +89,30 @@ def builtin_tools() -> dict[str, ToolSpec]:
         ToolSpec("read_file", READ_FILE_DESCRIPTION, ReadFileArgs, _read_file, spill_mode="self_bounded"),
         ToolSpec("write_file", WRITE_FILE_DESCRIPTION, WriteFileArgs, _write_file),
         ToolSpec("edit_file", EDIT_FILE_DESCRIPTION, EditFileArgs, _edit_file),
+        ToolSpec("delegate_call", DELEGATE_CALL_DESCRIPTION, DelegateCallArgs, _delegate_call),
     ]
     return {spec.name: spec for spec in specs}
+
+
+_TOOL_NAME = re.compile(r"[a-zA-Z0-9_-]{1,64}")
+
+
+def host_tool(
+    name: str, handler: Callable[[dict[str, Any]], object], *, description: str, schema: dict[str, Any], mode: SpillMode
+) -> ToolSpec:
+    """A spec for one of the host's own tools; its exceptions become tool errors."""
+    if not _TOOL_NAME.fullmatch(name):
+        raise ValueError(f"tool names match ^[a-zA-Z0-9_-]{{1,64}}$; {name!r} does not")
+    Draft202012Validator.check_schema(schema)
+
+    def run(ctx: ToolContext, arguments: dict[str, Any]) -> ToolReturn:
+        try:
+            result = handler(arguments)
+        except Exception as exc:  # the host's tool failed: the model reads why
+            logger.info("host tool %s failed: %s", name, exc)
+            return ToolReturn(is_error=True, error=f"{type(exc).__name__}: {exc}")
+        if is_mcp_error(result):
+            return ToolReturn(is_error=True, error=unwrap_result(result)[0])  # an MCP tool error keeps its flag
+        return ToolReturn(content=result)
+
+    return ToolSpec(name, description, None, run, spill_mode=mode, schema=schema)

@@ -1,0 +1,92 @@
+"""Approval: every call is judged on its real, expanded arguments before it runs.
+
+The policy's ``[approval]`` section gives each tool a rule — ``allow``, ``deny`` or ``ask`` (``default_rule``
+for the rest). ``ask`` hands an :class:`ApprovalRequest` to the host's approver (a callable given to
+:class:`~sandbox_runtime.runtime.Runtime`); without one, ``rule_without_approver`` decides. The request shows
+what will actually be sent: the arguments after ``delegate_call`` read its file and laid the overrides on top —
+whole up to ``shown_max_chars``, else the start, a summary and the file's path. A denial becomes a tool error the
+model can read, never an exception.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict
+
+from sandbox_runtime.policy import ApprovalPolicy
+
+__all__ = ["ApprovalRequest", "Approver", "judge"]
+
+logger = logging.getLogger(__name__)
+
+
+class ApprovalRequest(BaseModel):
+    """What an approver is shown: the call, and the arguments that will really be sent."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    conversation_id: str
+    call_id: str
+    tool: str
+    arguments_json: str  # the expanded arguments, whole or cut at shown_max_chars
+    arguments_chars: int
+    arguments_sha256: str
+    complete: bool  # False: arguments_json is cut; the whole is in `source`
+    source: str | None = None  # the arguments file (delegate_call), when there was one
+    summary: str  # one line: tool, argument names and sizes
+
+
+Approver = Callable[[ApprovalRequest], bool | str]  # True: run it; False or a reason: refuse
+
+
+def _summary(tool: str, arguments: dict[str, Any]) -> str:
+    parts = []
+    for key, value in list(arguments.items())[:20]:
+        size = len(json.dumps(value, ensure_ascii=False, default=str))
+        parts.append(f"{key} ({size:,} characters)")
+    more = f" and {len(arguments) - 20:,} more" if len(arguments) > 20 else ""
+    return f"{tool} with {', '.join(parts) or 'no arguments'}{more}"
+
+
+def make_request(
+    policy: ApprovalPolicy, conversation_id: str, call_id: str, tool: str, arguments: dict[str, Any], source: str | None
+) -> ApprovalRequest:
+    """The request for one call, its arguments cut to ``shown_max_chars`` when longer."""
+    text = json.dumps(arguments, ensure_ascii=False, indent=2, default=str)
+    shown = text[: policy.shown_max_chars]
+    return ApprovalRequest(
+        conversation_id=conversation_id,
+        call_id=call_id,
+        tool=tool,
+        arguments_json=shown,
+        arguments_chars=len(text),
+        arguments_sha256=hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest(),
+        complete=len(shown) == len(text),
+        source=source,
+        summary=_summary(tool, arguments),
+    )
+
+
+def judge(policy: ApprovalPolicy, approver: Approver | None, request: ApprovalRequest) -> str | None:
+    """None when the call may run; otherwise the reason it may not (for the model to read)."""
+    rule = policy.tool_rules.get(request.tool, policy.default_rule)
+    if rule == "ask" and approver is None:
+        rule = policy.rule_without_approver
+        if rule == "deny":
+            return f"calls of {request.tool} need approval, and no approver is available"
+    if rule != "ask":
+        return None if rule == "allow" else f"the policy denies calls of {request.tool}"
+    assert approver is not None  # noqa: S101  (checked above)
+    try:
+        answer = approver(request)
+    except Exception as exc:
+        logger.exception("the approver failed on %s (%s)", request.tool, request.call_id)
+        return f"the approver failed: {type(exc).__name__}: {exc}"
+    if answer is True:
+        return None
+    return answer if isinstance(answer, str) and answer else "the approver declined the call"

@@ -1,0 +1,151 @@
+"""Running one call: resolve (expand ``delegate_call``) → validate → approve → execute → the execution record.
+
+What goes back into the model's history is the short call it wrote; the execution record keeps, per call, the
+short arguments, the expanded ones (when ``delegate_call`` read them from a file) with their sha256, the status,
+the timings and the result's descriptor. Arguments are kept up to ``tools.record_args_max_bytes`` each; longer
+ones are cut and marked, their digest still covers the whole.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from sandbox_runtime.approval import Approver, judge, make_request
+from sandbox_runtime.errors import InvalidToolArguments, PathNotFound, PathRejected, UnknownTool
+from sandbox_runtime.policy import Policy
+from sandbox_runtime.spill.spiller import is_mcp_error, unwrap_result
+from sandbox_runtime.state import CallRecord
+from sandbox_runtime.tools.base import ToolContext, ToolReturn, ToolSpec, expired_or, validate_arguments
+from sandbox_runtime.tools.delegate import DelegateCallArgs, expand_delegate_call
+
+__all__ = ["DELEGATE", "CallRunner", "Ran"]
+
+DELEGATE = "delegate_call"
+_TOOL_FAILURES = (InvalidToolArguments, PathRejected, PathNotFound)
+
+
+@dataclass
+class Ran:
+    """One call after it ran (or was refused)."""
+
+    ret: ToolReturn
+    target: str  # the tool that ran: the call's own, or the one delegate_call named
+    expanded: dict[str, Any] | None  # the arguments delegate_call built, when it did
+    source: str | None  # the arguments file they came from
+    started_at: float
+    finished_at: float
+    denied: bool = False
+
+    @property
+    def status(self) -> str:
+        return "denied" if self.denied else "error" if self.ret.is_error else "ok"
+
+
+class CallRunner:
+    """Resolves, judges and runs built-in and registered calls; takes in host results."""
+
+    def __init__(
+        self,
+        policy: Policy,
+        tools: Mapping[str, ToolSpec],
+        approver: Approver | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.policy = policy
+        self.tools = tools
+        self.approver = approver
+        self._clock = clock
+
+    def host_result(self, tool: str, result: object, is_error: bool) -> Ran:
+        now = self._clock()
+        if is_error or is_mcp_error(result):
+            ret = ToolReturn(is_error=True, error=unwrap_result(result)[0])
+        else:
+            ret = ToolReturn(content=result)
+        return Ran(ret=ret, target=tool, expanded=None, source=None, started_at=now, finished_at=now)
+
+    def run(self, ctx: ToolContext, call_id: str, tool: str, arguments: dict[str, Any]) -> Ran:
+        started = self._clock()
+        target, expanded, source = tool, None, None
+        try:
+            if tool == DELEGATE:
+                target, expanded, source = self._expand(ctx, arguments)
+            spec = self._spec(target)
+            label = f"{DELEGATE} → {target}" if expanded is not None else target
+            validated = validate_arguments(spec, expanded if expanded is not None else arguments, label=label)
+            request = make_request(
+                self.policy.approval, ctx.conversation_id, call_id, target, expanded or arguments, source
+            )
+            refusal = judge(self.policy.approval, self.approver, request)
+            if refusal is not None:
+                ret = ToolReturn(
+                    is_error=True,
+                    error=f"Denied: {refusal}. The call of {target} was not made; do not retry it unchanged.",
+                )
+                return Ran(ret, target, expanded, source, started, self._clock(), denied=True)
+            ret = spec.handler(ctx, validated)
+        except _TOOL_FAILURES as exc:
+            ret = ToolReturn(is_error=True, error=f"{type(exc).__name__}: {exc}")
+        return Ran(ret, target, expanded, source, started, self._clock())
+
+    def _spec(self, name: str) -> ToolSpec:
+        spec = self.tools.get(name)
+        if spec is None:
+            raise UnknownTool(f"there is no tool named {name!r}; the tools are: {', '.join(self.tools)}")
+        return spec
+
+    def _expand(self, ctx: ToolContext, raw: dict[str, Any]) -> tuple[str, dict[str, Any], str]:
+        args: DelegateCallArgs = validate_arguments(self._spec(DELEGATE), raw)
+        if args.tool == DELEGATE:
+            raise InvalidToolArguments("delegate_call cannot call delegate_call; name the tool itself")
+        self._spec(args.tool)  # an unknown target is an error before any file is read
+        path = args.args_file.partition("#")[0]
+        try:
+            expanded = expand_delegate_call(ctx.root, args, max_bytes=self.policy.tools.args_file_max_bytes)
+        except PathNotFound as exc:
+            raise expired_or(ctx, path, exc) from exc
+        return expanded.tool, expanded.arguments, expanded.source
+
+    def record(
+        self, conversation_id: str, turn_id: str, call_id: str, tool: str, arguments: dict[str, Any] | None, ran: Ran
+    ) -> CallRecord:
+        """The execution record of one call (the result's descriptor and error file are added by the caller)."""
+        cap = self.policy.tools.record_args_max_bytes
+        short, short_cut = _capped_json(arguments, cap)
+        expanded, expanded_cut = _capped_json(ran.expanded, cap)
+        whole = ran.expanded if ran.expanded is not None else arguments
+        digest = None
+        if whole is not None:
+            canonical = json.dumps(whole, ensure_ascii=False, sort_keys=True, separators=(",", ":"), default=str)
+            digest = hashlib.sha256(canonical.encode("utf-8", "surrogatepass")).hexdigest()
+        return CallRecord(
+            conversation_id=conversation_id,
+            call_id=call_id,
+            turn_id=turn_id,
+            tool=tool,
+            target=ran.target,
+            started_at=ran.started_at,
+            finished_at=ran.finished_at,
+            status=ran.status,
+            arguments=short,
+            expanded=expanded,
+            arguments_sha256=digest,
+            arguments_cut=short_cut or expanded_cut,
+            descriptor=None,
+            error_path=None,
+        )
+
+
+def _capped_json(value: dict[str, Any] | None, cap_bytes: int) -> tuple[str | None, bool]:
+    if value is None:
+        return None, False
+    text = json.dumps(value, ensure_ascii=False, default=str)
+    data = text.encode("utf-8", "surrogatepass")
+    if len(data) <= cap_bytes:
+        return text, False
+    return data[:cap_bytes].decode("utf-8", "ignore") + f"…[cut: {len(data):,} bytes in all]", True

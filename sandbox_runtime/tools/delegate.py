@@ -1,0 +1,127 @@
+"""``delegate_call``: call a tool with arguments read from a JSON file, the model's own values laid on top.
+
+For tools that cannot read sandbox files (an upstream MCP tool, a host API): the model names the target tool,
+the path of a JSON arguments file in the results folder, and ``overrides`` — the values it writes from its own
+judgment. The file is read with a byte cap checked before it is read whole (1 MiB by default: 1,048,576 bytes
+are accepted, 1,048,577 refused; links, FIFOs, devices and folders are refused), may be narrowed with a JSON
+Pointer after ``#`` (``/mnt/results/spill/search-c1.json#/items/0``), and must hold a JSON object. The
+overrides are applied as an RFC 7386 JSON Merge Patch; the dispatch pipeline then validates the merged
+arguments against the target's schema, judges them (approval), and calls the target.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from sandbox_runtime.errors import InvalidToolArguments
+from sandbox_runtime.spill.jsonio import loads
+from sandbox_runtime.store.safe_paths import ResultsRoot
+
+__all__ = [
+    "DELEGATE_CALL_DESCRIPTION",
+    "DelegateCallArgs",
+    "Expanded",
+    "expand_delegate_call",
+    "merge_patch",
+    "resolve_pointer",
+]
+
+DELEGATE_CALL_DESCRIPTION = (
+    "Call another tool with its arguments read from a JSON file instead of typed out — for large or exact "
+    "values (rows, bodies, call stacks) that must arrive unchanged. Two steps: 1) run_python reads the spilled "
+    "result (its path) and writes the arguments object to a file such as /mnt/results/args/create.json; "
+    "2) delegate_call {tool, args_file, overrides} sends it. `overrides` holds the values you decide yourself "
+    "(merged over the file as a JSON Merge Patch; null deletes a key). `args_file` may point into a JSON file "
+    "with a JSON Pointer after '#', e.g. /mnt/results/spill/search-c1.json#/items/0."
+)
+
+
+class DelegateCallArgs(BaseModel):
+    """Arguments of ``delegate_call``."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    tool: str = Field(min_length=1, description="The tool to call.")
+    args_file: str = Field(
+        min_length=1, description="A JSON file in the results folder holding the arguments object (#pointer ok)."
+    )
+    overrides: dict[str, Any] | None = Field(
+        None, description="Values of your own laid over the file's arguments (JSON Merge Patch)."
+    )
+
+
+class Expanded(BaseModel):
+    """The target and the real arguments that will be sent, and where they came from."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    tool: str
+    arguments: dict[str, Any]
+    source: str  # sandbox path, with the pointer when one was given
+    file_bytes: int
+
+
+def merge_patch(target: Any, patch: Any) -> Any:
+    """RFC 7386: objects merge key by key, ``null`` removes a key, anything else replaces (a copy is returned)."""
+    if not isinstance(patch, dict):
+        return copy.deepcopy(patch)
+    merged = dict(target) if isinstance(target, dict) else {}
+    for key, value in patch.items():
+        if value is None:
+            merged.pop(key, None)
+        else:
+            merged[key] = merge_patch(merged.get(key), value)
+    return merged
+
+
+def resolve_pointer(document: Any, pointer: str) -> Any:
+    """RFC 6901: ``""`` is the whole document; ``/a/0/b~1c`` walks objects and arrays (``~1`` is ``/``)."""
+    if pointer == "":
+        return document
+    if not pointer.startswith("/"):
+        raise InvalidToolArguments(f"delegate_call: the JSON Pointer {pointer!r} must start with '/'")
+    here = document
+    walked = ""
+    for raw in pointer[1:].split("/"):
+        token = raw.replace("~1", "/").replace("~0", "~")
+        if isinstance(here, dict):
+            if token not in here:
+                keys = ", ".join(list(map(str, here))[:20])
+                raise InvalidToolArguments(f"delegate_call: no key {token!r} at {walked or '/'}; keys there: {keys}")
+            here = here[token]
+        elif isinstance(here, list):
+            if not token.isdigit() or (len(token) > 1 and token.startswith("0")) or int(token) >= len(here):
+                raise InvalidToolArguments(
+                    f"delegate_call: {token!r} is not an index of the {len(here):,}-item array at {walked or '/'}"
+                )
+            here = here[int(token)]
+        else:
+            raise InvalidToolArguments(f"delegate_call: {walked or '/'} is a {type(here).__name__}, not a container")
+        walked += "/" + raw
+    return here
+
+
+def expand_delegate_call(root: ResultsRoot, args: DelegateCallArgs, *, max_bytes: int) -> Expanded:
+    """Read the arguments file (capped at ``max_bytes``), select the pointer, and lay the overrides on top."""
+    path, _hash, pointer = args.args_file.partition("#")
+    data = root.read_bytes(path, max_bytes=max_bytes)
+    shown = root.sandbox_path(root.parse(path))
+    try:
+        document = loads(data.decode("utf-8"))
+    except UnicodeDecodeError as exc:
+        raise InvalidToolArguments(f"delegate_call: {shown} is not UTF-8 text (byte {exc.start})") from exc
+    except (ValueError, RecursionError) as exc:
+        raise InvalidToolArguments(f"delegate_call: {shown} is not valid JSON: {exc}") from exc
+    selected = resolve_pointer(document, pointer)
+    if not isinstance(selected, dict):
+        where = f"{shown}#{pointer}" if pointer else shown
+        raise InvalidToolArguments(
+            f"delegate_call: {where} holds a JSON {type(selected).__name__}, not an object of arguments; write "
+            f'{{"argument_name": value, ...}} to the file (or point into it with #/path)'
+        )
+    arguments = merge_patch(selected, args.overrides) if args.overrides else selected
+    source = f"{shown}#{pointer}" if pointer else shown
+    return Expanded(tool=args.tool, arguments=arguments, source=source, file_bytes=len(data))
