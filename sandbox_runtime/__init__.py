@@ -26,11 +26,12 @@ from sandbox_runtime.policy import Policy, load_policy
 from sandbox_runtime.runtime import Conversation, Runtime
 from sandbox_runtime.spill.spiller import ResultDescriptor
 from sandbox_runtime.spill.streamed import TableStream
-from sandbox_runtime.state import CallRecord
+from sandbox_runtime.state import Attachment, CallRecord
 from sandbox_runtime.tools.run_python import RunPythonResult
 
 __all__ = [
     "ApprovalRequest",
+    "Attachment",
     "CallRecord",
     "Conversation",
     "EngineUnavailable",

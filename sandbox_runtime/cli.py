@@ -133,8 +133,39 @@ def cmd_gc(args: argparse.Namespace) -> int:
     return EXIT_OK if all(r.complete and not r.errors for r in expired) else EXIT_FAILED
 
 
+def _ls_conversation(runtime: Runtime, args: argparse.Namespace) -> int:
+    """The execution record (--calls) or the attachments (--attachments) of one conversation."""
+    if runtime.state.conversation(args.conversation) is None:
+        print(f"error: no conversation {args.conversation!r} in {runtime.state_dir}", file=sys.stderr)
+        return EXIT_USAGE
+    conversation = runtime.conversation(args.conversation)
+    if args.attachments:
+        cards = conversation.attachments()
+        if args.json:
+            print(json.dumps([c.model_dump() for c in cards], indent=2))
+            return EXIT_OK
+        rows = [[c.attachment_id, c.filename, f"{c.bytes:,}", c.mime_type, c.source] for c in cards]
+        print(_table(rows, ["attachment", "filename", "bytes", "type", "copied from"]) if rows else "no attachments")
+        return EXIT_OK
+    calls = conversation.calls()
+    if args.json:
+        print(json.dumps([c.model_dump() for c in calls], indent=2))
+        return EXIT_OK
+    table = []
+    for c in calls:
+        tool = c.tool if c.tool == c.target else f"{c.tool} → {c.target}"
+        sizes = f"{len(c.arguments or ''):,}" + (f" / {len(c.expanded):,}" if c.expanded is not None else "")
+        path = json.loads(c.descriptor)["path"] if c.descriptor else (c.error_path or "-")
+        table.append([c.call_id, tool, c.status, f"{c.finished_at - c.started_at:.2f}", sizes, path])
+    header = ["call", "tool", "status", "seconds", "argument chars (short / expanded)", "result file"]
+    print(_table(table, header) if table else "no calls")
+    return EXIT_OK
+
+
 def cmd_ls(args: argparse.Namespace) -> int:
     with _runtime(args, sweep=False) as runtime:
+        if args.conversation is not None:
+            return _ls_conversation(runtime, args)
         live = {s.conversation_id: s for s in runtime.state.live_sandboxes()}
         rows: list[dict[str, object]] = []
         for record in runtime.state.conversations():
@@ -200,7 +231,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     gc.add_argument("--json", action="store_true")
     gc.set_defaults(func=cmd_gc)
-    ls = sub.add_parser("ls", help="conversations, their sandboxes and disk use")
+    ls = sub.add_parser(
+        "ls", help="conversations, their sandboxes and disk use; with a conversation id: its calls or attachments"
+    )
+    ls.add_argument("conversation", nargs="?", help="list this conversation's execution record")
+    ls.add_argument("--attachments", action="store_true", help="its attachments instead of its calls")
     ls.add_argument("--json", action="store_true")
     ls.set_defaults(func=cmd_ls)
     return parser

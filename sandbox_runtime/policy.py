@@ -144,6 +144,9 @@ class ToolsPolicy(_Model):
     args_file_max_bytes: PositiveInt = Field(
         1 * MiB, description="Largest arguments file delegate_call reads (checked before it is read whole)."
     )
+    attachment_max_bytes: PositiveInt = Field(
+        256 * MiB, description="Largest file attach_file copies into the conversation's outputs."
+    )
     record_args_max_bytes: PositiveInt = Field(
         1 * MiB, description="Arguments kept in the execution record per call; longer ones are cut and marked."
     )

@@ -41,7 +41,7 @@ from sandbox_runtime.sandbox.manager import Removal, Sandbox, SandboxManager
 from sandbox_runtime.sandbox.selfcheck import SelfCheckReport
 from sandbox_runtime.spill.history import HistoryRebuild, rebuild_history
 from sandbox_runtime.spill.retention import RetentionReport, expire_results
-from sandbox_runtime.state import CallRecord, StateDB, StoredResult
+from sandbox_runtime.state import Attachment, CallRecord, StateDB, StoredResult
 from sandbox_runtime.store.folders import ConversationFolders, ConversationStore, validate_conversation_id
 from sandbox_runtime.store.quota import QuotaUsage
 from sandbox_runtime.tools.base import SpillMode, ToolContext, ToolSpec
@@ -142,6 +142,10 @@ class Conversation:
         """The execution record: every call with its short and expanded arguments, status and timings."""
         return self.runtime.state.calls(self.id)
 
+    def attachments(self) -> list[Attachment]:
+        """Files handed to the user as downloads (kept in ``outputs/``, outside retention), oldest first."""
+        return self.runtime.state.attachments(self.id)
+
     def decisions(self) -> list[StoredResult]:
         """Every stored tool-result decision of this conversation, oldest first."""
         return list(self.runtime.state.stored_results(self.id).values())
@@ -235,8 +239,10 @@ class Runtime:
             manager=self.manager,
             conversation_id=conversation_id,
             root=self.store.results_root(folders),
+            outputs=folders.outputs,
             policy=self.policy,
             expired=lambda path: self.state.expired_file(conversation_id, path),
+            record_attachment=lambda attachment: self.state.record_attachment(conversation_id, attachment),
         )
 
     def register_tool(

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict
 
-__all__ = ["CallRecord", "ConversationRecord", "ExpiredFile", "SandboxRecord", "StateDB", "StoredResult"]
+__all__ = ["Attachment", "CallRecord", "ConversationRecord", "ExpiredFile", "SandboxRecord", "StateDB", "StoredResult"]
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS conversations (
@@ -62,6 +62,17 @@ CREATE TABLE IF NOT EXISTS calls (
     descriptor TEXT,
     error_path TEXT,
     PRIMARY KEY (conversation_id, call_id)
+);
+CREATE TABLE IF NOT EXISTS attachments (
+    conversation_id TEXT NOT NULL,
+    attachment_id TEXT PRIMARY KEY,
+    filename TEXT NOT NULL,
+    bytes INTEGER NOT NULL,
+    mime_type TEXT NOT NULL,
+    sha256 TEXT NOT NULL,
+    source TEXT NOT NULL,
+    host_path TEXT NOT NULL,
+    created_at REAL NOT NULL
 );
 CREATE TABLE IF NOT EXISTS expired_files (
     conversation_id TEXT NOT NULL,
@@ -137,6 +148,20 @@ class CallRecord(BaseModel):
     error_path: str | None
 
 
+class Attachment(BaseModel):
+    """A file handed to the user as a download: the card a host renders."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    attachment_id: str
+    filename: str
+    bytes: int
+    mime_type: str
+    sha256: str
+    source: str  # the sandbox path it was copied from
+    host_path: str  # where the copy is on the host (outputs/)
+
+
 class ExpiredFile(BaseModel):
     """A file retention removed: answers "where did it go" with when, instead of a bare "not found"."""
 
@@ -208,7 +233,7 @@ class StateDB:
         db = self._connect()
         db.execute("BEGIN IMMEDIATE")
         try:
-            for table in ("sandboxes", "tool_results", "calls", "expired_files"):
+            for table in ("sandboxes", "tool_results", "calls", "attachments", "expired_files"):
                 db.execute(f"DELETE FROM {table} WHERE conversation_id = ?", (conversation_id,))  # noqa: S608
             db.execute("DELETE FROM conversations WHERE id = ?", (conversation_id,))
         except BaseException:
@@ -347,6 +372,32 @@ class StateDB:
                     fields[key] = bytes(fields[key]).decode("utf-8", "surrogatepass")
             records.append(CallRecord(**fields))
         return records
+
+    # attachments ------------------------------------------------------------------------------------------
+    def record_attachment(self, conversation_id: str, a: Attachment) -> None:
+        self._connect().execute(
+            "INSERT INTO attachments(conversation_id, attachment_id, filename, bytes, mime_type, sha256, source, "
+            "host_path, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (
+                conversation_id,
+                a.attachment_id,
+                a.filename,
+                a.bytes,
+                a.mime_type,
+                a.sha256,
+                a.source,
+                a.host_path,
+                time.time(),
+            ),
+        )
+
+    def attachments(self, conversation_id: str) -> list[Attachment]:
+        rows = (
+            self._connect()
+            .execute("SELECT * FROM attachments WHERE conversation_id = ? ORDER BY created_at", (conversation_id,))
+            .fetchall()
+        )
+        return [Attachment(**{k: row[k] for k in Attachment.model_fields}) for row in rows]
 
     # retention --------------------------------------------------------------------------------------------
     def record_expired(self, files: list[ExpiredFile]) -> None:

@@ -87,3 +87,29 @@ def test_ls_lists_conversations_with_their_disk_use(tmp_path: Path, docker_backe
             assert cli("--state-dir", str(tmp_path), "gc").returncode == 0
         finally:
             runtime.conversation("listed").delete()
+
+
+def test_ls_shows_a_conversations_execution_record_and_attachments(
+    tmp_path: Path, docker_backend: DockerBackend
+) -> None:
+    from sandbox_runtime.runtime import Runtime  # noqa: PLC0415
+    from tests.conftest import SESSION, TEST_LABEL  # noqa: PLC0415
+
+    with Runtime(tmp_path, reap_interval_s=None, retention_interval_s=None, extra_labels={TEST_LABEL: SESSION}) as rt:
+        conversation = rt.conversation("recorded")
+        try:
+            conversation.call("write_file", {"path": "exports/a.txt", "content": "x"}, call_id="w1")
+            conversation.call("attach_file", {"path": "exports/a.txt"}, call_id="a1")
+            calls = json.loads(cli("--state-dir", str(tmp_path), "ls", "recorded", "--json").stdout)
+            assert [(c["call_id"], c["tool"], c["status"]) for c in calls] == [
+                ("w1", "write_file", "ok"),
+                ("a1", "attach_file", "ok"),
+            ]
+            table = cli("--state-dir", str(tmp_path), "ls", "recorded").stdout
+            assert "write_file" in table
+            assert "attach_file" in table
+            cards = json.loads(cli("--state-dir", str(tmp_path), "ls", "recorded", "--attachments", "--json").stdout)
+            assert [c["filename"] for c in cards] == ["a.txt"]
+            assert cli("--state-dir", str(tmp_path), "ls", "nobody").returncode == 2
+        finally:
+            conversation.delete()

@@ -12,7 +12,19 @@ PACKAGE = Path(sandbox_runtime.__file__).parent
 
 def test_the_public_names_are_exactly_all() -> None:
     public = {name for name in dir(sandbox_runtime) if not name.startswith("_")}
-    modules = {"errors", "policy", "runtime", "tools", "sandbox", "spill", "store", "state", "dispatch", "execution", "approval"}
+    modules = {
+        "errors",
+        "policy",
+        "runtime",
+        "tools",
+        "sandbox",
+        "spill",
+        "store",
+        "state",
+        "dispatch",
+        "execution",
+        "approval",
+    }
     assert public - modules == set(sandbox_runtime.__all__)
 
 

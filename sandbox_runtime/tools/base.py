@@ -10,6 +10,7 @@ from __future__ import annotations
 import datetime as dt
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Literal
 
 from jsonschema import Draft202012Validator
@@ -18,7 +19,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from sandbox_runtime.errors import InvalidToolArguments, PathExpired, PathNotFound, PathRejected
 from sandbox_runtime.policy import Policy
 from sandbox_runtime.sandbox.manager import SandboxManager
-from sandbox_runtime.state import ExpiredFile
+from sandbox_runtime.state import Attachment, ExpiredFile
 from sandbox_runtime.store.safe_paths import ResultsRoot
 
 __all__ = ["SpillMode", "ToolContext", "ToolReturn", "ToolSpec", "expired_or", "validate_arguments"]
@@ -52,8 +53,10 @@ class ToolContext:
     manager: SandboxManager
     conversation_id: str
     root: ResultsRoot
+    outputs: Path  # attachments: outside the results folder, never seen by the sandbox
     policy: Policy
     expired: Callable[[str], ExpiredFile | None]
+    record_attachment: Callable[[Attachment], None]
 
 
 @dataclass(frozen=True)

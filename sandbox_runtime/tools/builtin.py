@@ -11,6 +11,7 @@ from jsonschema import Draft202012Validator
 
 from sandbox_runtime.errors import InvalidToolArguments, PathNotFound
 from sandbox_runtime.spill.spiller import is_mcp_error, unwrap_result
+from sandbox_runtime.tools.attach import ATTACH_FILE_DESCRIPTION, AttachFileArgs, attach_file
 from sandbox_runtime.tools.base import SpillMode, ToolContext, ToolReturn, ToolSpec, expired_or
 from sandbox_runtime.tools.delegate import DELEGATE_CALL_DESCRIPTION, DelegateCallArgs
 from sandbox_runtime.tools.files import (
@@ -78,6 +79,19 @@ def _edit_file(ctx: ToolContext, args: EditFileArgs) -> ToolReturn:
     return ToolReturn(content=written.message, details=written.model_dump())
 
 
+def _attach_file(ctx: ToolContext, args: AttachFileArgs) -> ToolReturn:
+    try:
+        made = attach_file(ctx.root, ctx.outputs, args, max_bytes=ctx.policy.tools.attachment_max_bytes)
+    except PathNotFound as exc:
+        raise expired_or(ctx, args.path, exc) from exc
+    ctx.record_attachment(made)
+    return ToolReturn(
+        content=f"Attached {made.filename} ({made.bytes:,} bytes, {made.mime_type}) as {made.attachment_id}; the "
+        f"user sees it as a download. It is kept after the results folder's cleanup.",
+        details=made.model_dump(),
+    )
+
+
 def _delegate_call(ctx: ToolContext, args: DelegateCallArgs) -> ToolReturn:
     raise InvalidToolArguments("delegate_call is expanded by the dispatch pipeline, never run directly")
 
@@ -89,6 +103,7 @@ def builtin_tools() -> dict[str, ToolSpec]:
         ToolSpec("read_file", READ_FILE_DESCRIPTION, ReadFileArgs, _read_file, spill_mode="self_bounded"),
         ToolSpec("write_file", WRITE_FILE_DESCRIPTION, WriteFileArgs, _write_file),
         ToolSpec("edit_file", EDIT_FILE_DESCRIPTION, EditFileArgs, _edit_file),
+        ToolSpec("attach_file", ATTACH_FILE_DESCRIPTION, AttachFileArgs, _attach_file),
         ToolSpec("delegate_call", DELEGATE_CALL_DESCRIPTION, DelegateCallArgs, _delegate_call),
     ]
     return {spec.name: spec for spec in specs}
