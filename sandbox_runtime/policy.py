@@ -144,6 +144,10 @@ class ToolsPolicy(_Model):
     args_file_max_bytes: PositiveInt = Field(
         1 * MiB, description="Largest arguments file delegate_call reads (checked before it is read whole)."
     )
+    render_rows_max: PositiveInt = Field(2000, description="Most rows render_table draws as Markdown.")
+    sort_memory_rows_max: PositiveInt = Field(
+        100_000, description="Rows export_table sorts in memory at once; more are sorted in runs on disk."
+    )
     attachment_max_bytes: PositiveInt = Field(
         256 * MiB, description="Largest file attach_file copies into the conversation's outputs."
     )

@@ -53,6 +53,8 @@ else
 fi
 # debootstrap builds the image's base offline; mkfs.ext4 and losetup give kernel-enforced disk quotas
 apt_install debootstrap e2fsprogs mount
+# LibreOffice (headless Calc) is the second, independent reader the tests open exported XLSX files with
+apt_install libreoffice-calc-nogui
 
 if [ ! -x .venv/bin/python ]; then
   log "creating .venv"

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import IO, Any
 
 from sandbox_runtime.spill.cells import Cell, ColumnType, clean_column, coerce, text_cell
-from sandbox_runtime.spill.jsonio import dumps_compact, dumps_lines
+from sandbox_runtime.spill.jsonio import dumps_compact, dumps_lines, loads
 
 __all__ = [
     "TABLE_FORMAT",
@@ -278,11 +278,14 @@ def iter_table_file(lines: Iterable[str]) -> Iterator[tuple[tuple[str, ...], tup
         raise TableFileError(f"line 1: not a {TABLE_FORMAT} header")
     columns = tuple(str(c) for c in header["columns"])
     types: tuple[ColumnType, ...] = tuple(header["column_types"])
+    dated = [(i, kind) for i, kind in enumerate(types) if kind in ("date", "datetime")]  # only these change
     for number, line in enumerate(stream, start=2):
         try:
-            row = json.loads(line)
+            row = loads(line)
         except ValueError as exc:
             raise TableFileError(f"line {number}: not a JSON row ({exc})") from exc
         if not isinstance(row, list) or len(row) != len(columns):
             raise TableFileError(f"line {number}: expected {len(columns)} cells")
-        yield columns, types, [coerce(value, kind) for value, kind in zip(row, types, strict=True)]
+        for i, kind in dated:
+            row[i] = coerce(row[i], kind)
+        yield columns, types, row

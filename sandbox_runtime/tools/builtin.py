@@ -14,6 +14,7 @@ from sandbox_runtime.spill.spiller import is_mcp_error, unwrap_result
 from sandbox_runtime.tools.attach import ATTACH_FILE_DESCRIPTION, AttachFileArgs, attach_file
 from sandbox_runtime.tools.base import SpillMode, ToolContext, ToolReturn, ToolSpec, expired_or
 from sandbox_runtime.tools.delegate import DELEGATE_CALL_DESCRIPTION, DelegateCallArgs
+from sandbox_runtime.tools.export_table import EXPORT_TABLE_DESCRIPTION, ExportTableArgs, export_table
 from sandbox_runtime.tools.files import (
     EDIT_FILE_DESCRIPTION,
     WRITE_FILE_DESCRIPTION,
@@ -23,6 +24,7 @@ from sandbox_runtime.tools.files import (
     write_file,
 )
 from sandbox_runtime.tools.read_file import READ_FILE_DESCRIPTION, ReadFileArgs, read_file
+from sandbox_runtime.tools.render_table import RENDER_TABLE_DESCRIPTION, RenderTableArgs, render_table
 from sandbox_runtime.tools.run_python import RunPythonArgs, parse_args, run_python
 
 __all__ = ["builtin_tools", "host_tool"]
@@ -92,6 +94,29 @@ def _attach_file(ctx: ToolContext, args: AttachFileArgs) -> ToolReturn:
     )
 
 
+def _export_table(ctx: ToolContext, args: ExportTableArgs) -> ToolReturn:
+    try:
+        made = export_table(
+            ctx.root,
+            args,
+            max_source_bytes=ctx.policy.store.read_max_bytes,
+            sort_memory_rows=ctx.policy.tools.sort_memory_rows_max,
+        )
+    except PathNotFound as exc:
+        raise expired_or(ctx, args.source, exc) from exc
+    return ToolReturn(content=made.message, details=made.model_dump())
+
+
+def _render_table(ctx: ToolContext, args: RenderTableArgs) -> ToolReturn:
+    try:
+        drawn = render_table(
+            ctx.root, args, max_source_bytes=ctx.policy.store.read_max_bytes, max_rows=ctx.policy.tools.render_rows_max
+        )
+    except PathNotFound as exc:
+        raise expired_or(ctx, args.source or "", exc) from exc
+    return ToolReturn(content=drawn.markdown, note=drawn.message, details=drawn.model_dump(exclude={"markdown"}))
+
+
 def _delegate_call(ctx: ToolContext, args: DelegateCallArgs) -> ToolReturn:
     raise InvalidToolArguments("delegate_call is expanded by the dispatch pipeline, never run directly")
 
@@ -103,6 +128,8 @@ def builtin_tools() -> dict[str, ToolSpec]:
         ToolSpec("read_file", READ_FILE_DESCRIPTION, ReadFileArgs, _read_file, spill_mode="self_bounded"),
         ToolSpec("write_file", WRITE_FILE_DESCRIPTION, WriteFileArgs, _write_file),
         ToolSpec("edit_file", EDIT_FILE_DESCRIPTION, EditFileArgs, _edit_file),
+        ToolSpec("export_table", EXPORT_TABLE_DESCRIPTION, ExportTableArgs, _export_table),
+        ToolSpec("render_table", RENDER_TABLE_DESCRIPTION, RenderTableArgs, _render_table, spill_mode="self_bounded"),
         ToolSpec("attach_file", ATTACH_FILE_DESCRIPTION, AttachFileArgs, _attach_file),
         ToolSpec("delegate_call", DELEGATE_CALL_DESCRIPTION, DelegateCallArgs, _delegate_call),
     ]

@@ -1,0 +1,541 @@
+"""``export_table``: a table from the results folder written as CSV or XLSX to ``exports/``, by path.
+
+The rows never pass through the model: the source is a spilled result or any table file in the results folder
+(:func:`~sandbox_runtime.tools.table_source.open_table`). Columns can be chosen, ordered and renamed, the rows
+sorted (type-aware, stable, NULLs last, bounded memory) and a row range taken. Filtering and grouping belong in
+SQL (run the query again with WHERE / GROUP BY) and are deliberately not here.
+
+No formula is ever made from data (SECURITY.md): in CSV a text cell starting with ``= + - @``, TAB, CR or LF
+gets a leading apostrophe; XLSX cells are written typed (text always as text, XlsxWriter's string conversions
+off). Both count those cells as guarded. The file is built in a host temporary folder, then published with
+:meth:`~sandbox_runtime.store.safe_paths.ResultsRoot.create_file` from it in chunks: nothing half-written is
+ever visible, memory stays bounded, and an existing name gets ``-2``, ``-3`` … (nothing is overwritten).
+"""
+
+from __future__ import annotations
+
+import csv
+import datetime as dt
+import errno
+import hashlib
+import itertools
+import logging
+import math
+import os
+import re
+import tempfile
+from collections import Counter
+from collections.abc import Iterator, Sequence
+from contextlib import ExitStack, contextmanager, suppress
+from dataclasses import dataclass
+from typing import IO, Any, Literal, Protocol
+
+import xlsxwriter  # type: ignore[import-untyped]  # XlsxWriter ships no py.typed marker
+from pydantic import BaseModel, ConfigDict, Field
+
+from sandbox_runtime.errors import InvalidToolArguments, PathExists, PathNotFound
+from sandbox_runtime.spill.cells import Cell, ColumnType, cell
+from sandbox_runtime.store.safe_paths import ResultsRoot, display_name
+from sandbox_runtime.tools.table_source import (
+    TABLE_FILE_SUFFIX,
+    TableSource,
+    column_listing,
+    open_table,
+    select_columns,
+    sort_rows,
+)
+
+__all__ = [
+    "EXPORT_TABLE_DESCRIPTION",
+    "ExportColumn",
+    "ExportFormat",
+    "ExportResult",
+    "ExportSort",
+    "ExportTableArgs",
+    "export_table",
+]
+
+logger = logging.getLogger(__name__)
+
+EXPORT_TABLE_DESCRIPTION = (
+    "Export a table to a CSV or XLSX file in /mnt/results/exports/ by path: `source` is a saved tool result or "
+    "a table file (.table.jsonl, JSON, CSV/TSV, Markdown) — never copy rows into the call. Choose, order and "
+    "rename columns (`columns`: names or {name, header}), sort by one column (`sort`), and take a row range "
+    "(`start`, 0-based, and `count`). Filtering and grouping are not here on purpose: run the SQL query again "
+    "with WHERE / GROUP BY and export that result."
+)
+
+ExportFormat = Literal["csv", "xlsx"]
+_EXPORTS = "exports"
+_UNSAFE_NAME = re.compile(r"[^A-Za-z0-9._-]+")
+_STEM_MAX_CHARS = 100  # characters of a file name before the suffix and extension
+_LISTED_EXPORTS = 100_000  # names of exports/ read to pick a free name (more are found by retrying)
+_PUBLISH_ATTEMPTS = 16  # names tried when exports/ changes while publishing
+_PUBLISH_CHUNK = 1 << 20  # bytes per chunk copied from the host temporary file
+_TIMES = "\u00d7"  # the multiplication sign (U+00D7) between the row and the column count
+XLSX_MAX_DATA_ROWS = 1_048_575  # Excel's 1,048,576 rows per sheet, less the header
+XLSX_MAX_COLUMNS = 16_384
+_XLSX_MAX_CHARS = 32_767  # characters in one Excel cell
+_XLSX_MAX_EXACT_INT = 10**15  # Excel keeps 15 significant digits; larger integers are written as text
+_XLSX_FIRST_YEAR = 1900  # Excel shows earlier dates as ####; they are written as ISO text
+_XLSX_CREATED = dt.datetime(2000, 1, 1, tzinfo=dt.UTC)  # fixed document date: the same input gives the same bytes
+_XLSX_OPTIONS = {
+    "constant_memory": True,
+    "strings_to_formulas": False,
+    "strings_to_urls": False,
+    "strings_to_numbers": False,
+}
+_FORMULA_START = ("=", "+", "-", "@", "\t", "\r", "\n")
+_FORMULA_FIRST = frozenset(_FORMULA_START)
+_CSV_AS_IS = frozenset({int, type(None)})  # the csv module writes these right: 12, empty
+_SURROGATES = re.compile("[\ud800-\udfff]")
+_XLSX_UNSAFE = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\ud800-\udfff]")  # C0 controls but TAB/LF/CR
+
+
+class ExportColumn(BaseModel):
+    """One column to write, with the header to write for it."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str = Field(description="A column of the source.")
+    header: str | None = Field(None, description="The header to write instead of the name.")
+
+
+class ExportSort(BaseModel):
+    """How to order the rows."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    column: str = Field(description="The column to sort by (a source column name, or a header given in columns).")
+    direction: Literal["asc", "desc"] = Field("asc", description="asc or desc; empty cells (NULL) always last.")
+
+
+class ExportTableArgs(BaseModel):
+    """Arguments of ``export_table``."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    source: str = Field(description="The table's path, e.g. /mnt/results/spill/sql_query-1.table.jsonl.")
+    format: ExportFormat = Field(description="csv or xlsx.")
+    columns: list[str | ExportColumn] | None = Field(
+        None, min_length=1, description="Columns to write, in this order: names or {name, header} (default: all)."
+    )
+    sort: ExportSort | None = Field(None, description="Sort by one column (default: source order).")
+    start: int = Field(0, ge=0, description="First row to write, 0-based, after sorting (default 0).")
+    count: int | None = Field(None, ge=0, description="Most rows to write (default: all from start).")
+    filename: str | None = Field(
+        None, description="A base name for the file (letters, digits, '.', '_', '-'); the extension follows format."
+    )
+
+
+class ExportResult(BaseModel):
+    """The written file: its sandbox path, size, hash, and the rows and columns actually written."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    path: str
+    format: ExportFormat
+    bytes: int
+    sha256: str
+    rows: int
+    columns: list[str]
+    column_types: list[ColumnType]
+    guarded_cells: int
+    replaced_characters: int = 0
+    cut_cells: int = 0
+    notes: list[str] = Field(default_factory=list)
+    message: str
+
+
+def export_table(
+    root: ResultsRoot,
+    args: ExportTableArgs,
+    *,
+    max_source_bytes: int,
+    sort_memory_rows: int = 100_000,
+    tmp_dir: str | None = None,
+) -> ExportResult:
+    """Write the chosen rows and columns of ``args.source`` to ``exports/`` and describe the new file.
+
+    At most ``max_source_bytes`` of the source are read; at most ``sort_memory_rows`` rows are held for sorting
+    (more go to temporary files in ``tmp_dir``, host side). Bad arguments raise :class:`InvalidToolArguments`.
+    """
+    if sort_memory_rows < 1:
+        raise ValueError("sort_memory_rows must be >= 1")
+    ext = "." + args.format
+    stem = _stem_from_filename(args.filename) if args.filename is not None else None
+    with ExitStack() as stack:
+        source = stack.enter_context(open_table(root, args.source, max_bytes=max_source_bytes))
+        shown = display_name(source.path)
+        picked = _pick_columns(source, args.columns)
+        if args.format == "xlsx" and len(picked) > XLSX_MAX_COLUMNS:
+            raise InvalidToolArguments(
+                f"export_table: an XLSX sheet holds at most {XLSX_MAX_COLUMNS:,} columns, not {len(picked):,}; "
+                "choose fewer columns or use format csv"
+            )
+        rows, total = _ordered_rows(stack, source, picked, args.sort, sort_memory_rows, tmp_dir)
+        wanted = _check_range(args, total, shown)
+        work = stack.enter_context(tempfile.TemporaryDirectory(dir=tmp_dir, prefix="sandbox-runtime-export-"))
+        built = os.path.join(work, "export" + ext)
+        headers = [header for _index, header in picked]
+        tally = _Tally()
+        selected = itertools.islice(rows, args.start, None if args.count is None else args.start + args.count)
+        with _open_sheet(args.format, built, work, tally) as sheet:
+            sheet.header(headers)
+            written = 0
+            for row in selected:
+                sheet.write(row)
+                written += 1
+        path, chunks = _publish(root, stem or _default_stem(source.path), ext, built)
+    logger.info("export_table %s -> %s: %d rows, %d bytes", shown, path, written, chunks.bytes)
+    detail = _detail(args, written, total, wanted)
+    guarded = f"{tally.guarded:,} cell{'s' * (tally.guarded != 1)} guarded against formulas"
+    notes = [*source.notes, *tally.notes()]
+    return ExportResult(
+        path=path,
+        format=args.format,
+        bytes=chunks.bytes,
+        sha256=chunks.sha256,
+        rows=written,
+        columns=headers,
+        column_types=[source.column_types[index] for index, _header in picked],
+        guarded_cells=tally.guarded,
+        replaced_characters=tally.replaced,
+        cut_cells=tally.cut,
+        notes=notes,
+        message=(
+            f"Wrote {_plural(written, 'row')} {_TIMES} {_plural(len(headers), 'column')} ({chunks.bytes:,} bytes) to "
+            f"{path}{detail}; {guarded}" + "".join(f"; {note}" for note in notes) + "."
+        ),
+    )
+
+
+# arguments ------------------------------------------------------------------------------------------------
+def _plural(count: int, unit: str) -> str:
+    return f"{count:,} {unit}{'s' * (count != 1)}"
+
+
+def _clean_stem(raw: str) -> str:
+    return _UNSAFE_NAME.sub("_", raw).strip("._-")[:_STEM_MAX_CHARS].rstrip("._-")
+
+
+def _stem_from_filename(raw: str) -> str:
+    if "/" in raw or "\\" in raw:
+        raise InvalidToolArguments(
+            f"export_table: filename {display_name(raw)!r} must be a base name without '/' or '\\'; "
+            f"the file always goes to {_EXPORTS}/"
+        )
+    base = raw
+    for extension in (".csv", ".xlsx"):
+        if base.lower().endswith(extension):
+            base = base[: -len(extension)]
+            break
+    stem = _clean_stem(base)
+    if not stem:
+        raise InvalidToolArguments(
+            f"export_table: filename {display_name(raw)!r} has no usable characters; use letters, digits, '.', "
+            "'_' and '-' (the extension follows format)"
+        )
+    return stem
+
+
+def _default_stem(source_path: str) -> str:
+    name = source_path.rsplit("/", 1)[-1]
+    name = name[: -len(TABLE_FILE_SUFFIX)] if name.endswith(TABLE_FILE_SUFFIX) else os.path.splitext(name)[0]
+    return _clean_stem(name) or "export"
+
+
+def _pick_columns(source: TableSource, choices: Sequence[str | ExportColumn] | None) -> list[tuple[int, str]]:
+    """(source position, header) of every column to write."""
+    if choices is None:
+        return list(enumerate(source.columns))
+    names = [choice if isinstance(choice, str) else choice.name for choice in choices]
+    positions = select_columns(source, names, tool="export_table")
+    headers = [c if isinstance(c, str) else c.header if c.header is not None else c.name for c in choices]
+    for name, header in zip(names, headers, strict=True):
+        if not header.strip():
+            raise InvalidToolArguments(
+                f"export_table: the header for column {display_name(name)!r} is empty; give a non-empty header"
+            )
+    repeated = [header for header, times in Counter(headers).items() if times > 1]
+    if repeated:
+        raise InvalidToolArguments(
+            f"export_table: every header must be unique, but {column_listing(repeated)} appear more than once; "
+            "give each column its own header with {name, header}"
+        )
+    return list(zip(positions, headers, strict=True))
+
+
+def _ordered_rows(
+    stack: ExitStack,
+    source: TableSource,
+    picked: list[tuple[int, str]],
+    sort: ExportSort | None,
+    memory_rows: int,
+    tmp_dir: str | None,
+) -> tuple[Iterator[list[Cell]], int]:
+    """The chosen columns of every row, sorted when asked, and the number of rows."""
+    indices = [index for index, _header in picked]
+    if sort is None:
+        return ([row[i] for i in indices] for row in source.rows), source.row_count
+    sort_index = _sort_column(source, picked, sort.column)
+    keep = indices if sort_index in indices else [*indices, sort_index]
+    projected = ([row[i] for i in keep] for row in source.rows)
+    ordered = stack.enter_context(
+        sort_rows(
+            projected,
+            keep.index(sort_index),
+            descending=sort.direction == "desc",
+            memory_rows=memory_rows,
+            tmp_dir=tmp_dir,
+        )
+    )
+    width = len(indices)
+    rows = ordered.rows if len(keep) == width else (row[:width] for row in ordered.rows)
+    return rows, ordered.total
+
+
+def _sort_column(source: TableSource, picked: list[tuple[int, str]], name: str) -> int:
+    if name in source.columns:
+        return source.columns.index(name)
+    for index, header in picked:
+        if header == name:
+            return index
+    raise InvalidToolArguments(
+        f"export_table: cannot sort by {display_name(name)!r}: there is no such column in "
+        f"{display_name(source.path)}; its {len(source.columns):,} columns are: {column_listing(source.columns)}"
+    )
+
+
+def _check_range(args: ExportTableArgs, total: int, shown: str) -> int:
+    """How many rows the range holds; raises when ``start`` is past the end or XLSX cannot hold them."""
+    if args.start > 0 and args.start >= total:
+        last = f"; start counts from 0, so the last row is start={total - 1:,}" if total else ""
+        raise InvalidToolArguments(
+            f"export_table: start={args.start:,} is past the end: {shown} has {_plural(total, 'row')}{last}"
+        )
+    wanted = max(0, total - args.start)
+    wanted = wanted if args.count is None else min(wanted, args.count)
+    if args.format == "xlsx" and wanted > XLSX_MAX_DATA_ROWS:
+        raise InvalidToolArguments(
+            f"export_table: an XLSX sheet holds at most {XLSX_MAX_DATA_ROWS:,} data rows (plus the header), but "
+            f"this export would have {wanted:,}; export parts with start/count, or use format csv"
+        )
+    return wanted
+
+
+def _detail(args: ExportTableArgs, written: int, total: int, wanted: int) -> str:
+    parts: list[str] = []
+    if args.start or args.count is not None:
+        span = f"rows {args.start:,} to {args.start + written - 1:,}" if written else "no rows"
+        parts.append(f"{span} of {total:,}")
+    if args.sort is not None:
+        parts.append(f"sorted by {display_name(args.sort.column)!r} {args.sort.direction}ending, NULLs last")
+    if written != wanted:
+        parts.append(f"the source changed while read: {wanted:,} rows were expected")
+    return f" ({'; '.join(parts)})" if parts else ""
+
+
+# writing --------------------------------------------------------------------------------------------------
+@dataclass
+class _Tally:
+    """What the writers changed, for the message."""
+
+    guarded: int = 0
+    replaced: int = 0
+    cut: int = 0
+    long_numbers: int = 0
+    early_dates: int = 0
+    zoned: int = 0
+
+    def notes(self) -> list[str]:
+        found = [
+            (self.replaced, "character", "the format cannot hold replaced with U+FFFD"),
+            (self.cut, "text cell", f"cut to {_XLSX_MAX_CHARS:,} characters (Excel's cell limit)"),
+            (self.long_numbers, "integer", "of 16 or more digits written as text (Excel keeps 15 digits)"),
+            (self.early_dates, "date", f"before {_XLSX_FIRST_YEAR} written as ISO text (Excel has no earlier dates)"),
+            (self.zoned, "datetime", "with a time zone written in UTC (Excel has no time zones)"),
+        ]
+        return [f"{_plural(count, unit)} {what}" for count, unit, what in found if count]
+
+
+def _text(value: object, tally: _Tally, *, xlsx: bool) -> str:
+    """A text cell made safe: never a formula (CSV: a leading apostrophe; XLSX: text all the same), characters
+    the format cannot hold replaced (lone surrogates; in XLSX also C0 controls but TAB/LF/CR), XLSX's cap kept."""
+    text = value if isinstance(value, str) else str(cell(value))
+    formula_like = text.startswith(_FORMULA_START)
+    tally.guarded += formula_like
+    unsafe = _XLSX_UNSAFE if xlsx else _SURROGATES
+    if unsafe.search(text):
+        text, replaced = unsafe.subn("\ufffd", text)
+        tally.replaced += replaced
+    if xlsx and len(text) > _XLSX_MAX_CHARS:
+        text = text[:_XLSX_MAX_CHARS]
+        tally.cut += 1
+    return "'" + text if formula_like and not xlsx else text
+
+
+class _Sheet(Protocol):
+    def header(self, names: Sequence[str]) -> None: ...
+
+    def write(self, row: Sequence[Cell]) -> None: ...
+
+
+class _CsvSheet:
+    """UTF-8 CSV: a header line, ISO dates, ``true``/``false``, NULL as an empty field, formulas guarded."""
+
+    def __init__(self, file: IO[str], tally: _Tally) -> None:
+        self._csv = csv.writer(file)
+        self._tally = tally
+
+    def header(self, names: Sequence[str]) -> None:
+        self._csv.writerow([_text(name, self._tally, xlsx=False) for name in names])
+
+    def write(self, row: Sequence[Cell]) -> None:
+        # the common cells pass as they are (plain ASCII text not starting like a formula, numbers, NULL)
+        self._csv.writerow(
+            [
+                value
+                if type(value) in _CSV_AS_IS
+                or (type(value) is str and value[:1] not in _FORMULA_FIRST and value.isascii())
+                else self._cell(value)
+                for value in row
+            ]
+        )
+
+    def _cell(self, value: Cell) -> str:
+        if value is None:
+            return ""
+        if isinstance(value, bool):
+            return "true" if value else "false"
+        if isinstance(value, float):
+            return repr(value) if math.isfinite(value) else ""
+        if isinstance(value, int):
+            return str(value)
+        if isinstance(value, dt.date):
+            return value.isoformat()
+        return _text(value, self._tally, xlsx=False)
+
+
+class _XlsxSheet:
+    """One sheet of typed cells in row order (XlsxWriter's constant-memory mode), the header bold and frozen."""
+
+    def __init__(self, book: Any, tally: _Tally) -> None:
+        self._sheet = book.add_worksheet()
+        self._bold = book.add_format({"bold": True})
+        self._date = book.add_format({"num_format": "yyyy-mm-dd"})
+        self._datetime = book.add_format({"num_format": "yyyy-mm-dd hh:mm:ss"})
+        self._tally = tally
+        self._row = 0
+
+    def header(self, names: Sequence[str]) -> None:
+        self._sheet.freeze_panes(1, 0)
+        for column, name in enumerate(names):
+            self._sheet.write_string(0, column, _text(name, self._tally, xlsx=True), self._bold)
+        self._row = 1
+
+    def write(self, row: Sequence[Cell]) -> None:
+        if self._row > XLSX_MAX_DATA_ROWS:
+            raise InvalidToolArguments(
+                f"export_table: the source grew past {XLSX_MAX_DATA_ROWS:,} rows while it was read, more than an "
+                "XLSX sheet holds; export parts with start/count, or use format csv"
+            )
+        sheet, at = self._sheet, self._row
+        for column, value in enumerate(row):
+            if value is None or (isinstance(value, float) and not math.isfinite(value)):
+                continue  # NULL is a blank cell
+            if isinstance(value, bool):
+                sheet.write_boolean(at, column, value)
+            elif isinstance(value, int) and abs(value) >= _XLSX_MAX_EXACT_INT:
+                self._tally.long_numbers += 1
+                sheet.write_string(at, column, str(value))
+            elif isinstance(value, int | float):
+                sheet.write_number(at, column, value)
+            elif isinstance(value, dt.date):
+                self._write_date(at, column, value)
+            else:
+                sheet.write_string(at, column, _text(value, self._tally, xlsx=True))
+        self._row += 1
+
+    def _write_date(self, at: int, column: int, value: dt.date) -> None:
+        if isinstance(value, dt.datetime):
+            if value.utcoffset() is not None:
+                value = value.astimezone(dt.UTC)
+                self._tally.zoned += 1
+            value = value.replace(tzinfo=None)
+        if value.year < _XLSX_FIRST_YEAR:
+            self._tally.early_dates += 1
+            self._sheet.write_string(at, column, value.isoformat())
+            return
+        style = self._datetime if isinstance(value, dt.datetime) else self._date
+        self._sheet.write_datetime(at, column, value, style)
+
+
+@contextmanager
+def _open_sheet(fmt: ExportFormat, path: str, work: str, tally: _Tally) -> Iterator[_Sheet]:
+    """A sheet writing ``path``; the file is complete once the context ends without an error."""
+    if fmt == "csv":
+        with open(path, "w", encoding="utf-8", newline="") as file:
+            yield _CsvSheet(file, tally)
+        return
+    book = xlsxwriter.Workbook(path, {**_XLSX_OPTIONS, "tmpdir": work})
+    book.set_properties({"created": _XLSX_CREATED})
+    try:
+        yield _XlsxSheet(book, tally)
+    except BaseException:
+        with suppress(Exception):
+            book.close()  # closes its temporary files; the partial file is discarded with the folder
+        raise
+    book.close()
+
+
+# publishing -----------------------------------------------------------------------------------------------
+class _Chunks:
+    """The built file in chunks, hashed and counted as they pass (again on every pass)."""
+
+    def __init__(self, path: str) -> None:
+        self._path = path
+        self.sha256 = ""
+        self.bytes = 0
+
+    def __iter__(self) -> Iterator[bytes]:
+        digest = hashlib.sha256()
+        self.bytes = 0
+        with open(self._path, "rb") as file:
+            while chunk := file.read(_PUBLISH_CHUNK):
+                digest.update(chunk)
+                self.bytes += len(chunk)
+                yield chunk
+        self.sha256 = digest.hexdigest()
+
+
+def _taken_names(root: ResultsRoot) -> set[str]:
+    try:
+        return {entry.name for entry in root.list_dir(_EXPORTS, max_entries=_LISTED_EXPORTS)}
+    except PathNotFound:
+        return set()
+
+
+def _publish(root: ResultsRoot, stem: str, ext: str, built: str) -> tuple[str, _Chunks]:
+    """Publish ``built`` as ``exports/<stem><ext>``, or ``<stem>-2<ext>`` … when the name is taken."""
+    taken = _taken_names(root)
+    chunks = _Chunks(built)
+    for _attempt in range(_PUBLISH_ATTEMPTS):
+        name, number = stem + ext, 2
+        while name in taken:
+            name, number = f"{stem}-{number}{ext}", number + 1
+        try:
+            return root.create_file(f"{_EXPORTS}/{name}", chunks, mode=0o644), chunks
+        except PathExists:
+            taken.add(name)  # made since exports/ was listed
+        except OSError as exc:
+            if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+                raise InvalidToolArguments(
+                    f"export_table: the results folder is full (its disk quota is reached), so {_EXPORTS}/{name} "
+                    "was not written; delete files you no longer need, or export fewer rows or columns"
+                ) from exc
+            raise
+    raise InvalidToolArguments(
+        f"export_table: no free name for {stem}{ext} in {_EXPORTS}/ after {_PUBLISH_ATTEMPTS} tries; "
+        "pass another filename"
+    )
