@@ -250,6 +250,8 @@ class Dispatcher:
             )
             pending.body, pending.stand_in, pending.descriptor = spilled.text, spilled.stand_in, spilled.descriptor
             pending.warnings += [spilled.warning] if spilled.warning else []
+        if pending.descriptor is None and ret.descriptor is not None:
+            pending.descriptor = ret.descriptor  # a built file: described like a spill, shown inline in words
         tail = []
         if ret.error is not None:
             failure = spill_error(

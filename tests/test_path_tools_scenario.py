@@ -102,6 +102,11 @@ def test_an_xlsx_of_chosen_renamed_sorted_rows_matches_the_source_in_openpyxl_an
     out = conversation.call("export_table", call, call_id="x1")
     assert not out.is_error, out.text
     path = conversation.folders.results / "exports" / "libraries.xlsx"
+    described = out.descriptor
+    assert described is not None
+    assert (described.path, described.format, described.rows) == ("/mnt/results/exports/libraries.xlsx", "xlsx", 51)
+    assert described.columns == ["Library", "Size (KB)", "Built on", "Note"]
+    assert described.bytes == path.stat().st_size
 
     source = sorted(records(), key=lambda r: -r["size_kb"])  # Python's sort is stable, like the export's
     expected = [[r["library"], r["size_kb"], dt.date.fromisoformat(r["built"]), r["note"]] for r in source[10:61]]

@@ -43,6 +43,7 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 SpillFormat = Literal["json", "table", "text"]
+DescribedFormat = Literal["json", "table", "text", "csv", "xlsx"]  # spills, and the files tools build
 _TOO_DEEP = "[value not shown"
 _PREVIEW_ROWS = 50  # rows of a streamed table kept for its preview
 _UNSAFE_NAME = re.compile(r"[^A-Za-z0-9_.-]+")
@@ -56,16 +57,16 @@ class ResultDescriptor(BaseModel):
 
     spilled: Literal[True] = True
     path: str
-    format: SpillFormat
+    format: DescribedFormat
     bytes: int
-    chars: int
+    chars: int | None  # None for binary files (xlsx)
     sha256: str
     rows: int | None = None
     columns: list[str] | None = None
     column_types: list[str] | None = None
     preview: str
     truncated_inline: bool
-    expires_at: str
+    expires_at: str | None  # None: a file retention does not remove (an export)
 
 
 class SpillOutcome(BaseModel):
@@ -310,7 +311,7 @@ def publish_once(root: ResultsRoot, relative: str, data: bytes, *, durable: bool
 
 
 def _shape(d: ResultDescriptor) -> str:
-    shape = f"{d.format}, {d.bytes:,} bytes, {d.chars:,} characters"
+    shape = f"{d.format}, {d.bytes:,} bytes" + (f", {d.chars:,} characters" if d.chars is not None else "")
     if d.rows is not None and d.columns is not None:
         shape += f", {d.rows:,} rows; columns: {', '.join(d.columns)}"
     return shape

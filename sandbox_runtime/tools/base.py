@@ -19,6 +19,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from sandbox_runtime.errors import InvalidToolArguments, PathExpired, PathNotFound, PathRejected
 from sandbox_runtime.policy import Policy
 from sandbox_runtime.sandbox.manager import SandboxManager
+from sandbox_runtime.spill.spiller import ResultDescriptor
 from sandbox_runtime.state import Attachment, ExpiredFile
 from sandbox_runtime.store.safe_paths import ResultsRoot
 
@@ -42,6 +43,7 @@ class ToolReturn(BaseModel):
     error: str | None = None
     note: str | None = None
     error_path: str | None = None
+    descriptor: ResultDescriptor | None = None  # the file a file-building tool made
     details: dict[str, Any] | None = None
 
 

@@ -10,7 +10,7 @@ from typing import Any
 from jsonschema import Draft202012Validator
 
 from sandbox_runtime.errors import InvalidToolArguments, PathNotFound
-from sandbox_runtime.spill.spiller import is_mcp_error, unwrap_result
+from sandbox_runtime.spill.spiller import ResultDescriptor, is_mcp_error, unwrap_result
 from sandbox_runtime.tools.attach import ATTACH_FILE_DESCRIPTION, AttachFileArgs, attach_file
 from sandbox_runtime.tools.base import SpillMode, ToolContext, ToolReturn, ToolSpec, expired_or
 from sandbox_runtime.tools.delegate import DELEGATE_CALL_DESCRIPTION, DelegateCallArgs
@@ -104,7 +104,20 @@ def _export_table(ctx: ToolContext, args: ExportTableArgs) -> ToolReturn:
         )
     except PathNotFound as exc:
         raise expired_or(ctx, args.source, exc) from exc
-    return ToolReturn(content=made.message, details=made.model_dump())
+    descriptor = ResultDescriptor(
+        path=made.path,
+        format=made.format,
+        bytes=made.bytes,
+        chars=None,  # not counted for built files
+        sha256=made.sha256,
+        rows=made.rows,
+        columns=made.columns,
+        column_types=list(made.column_types),
+        preview="",
+        truncated_inline=False,
+        expires_at=None,
+    )
+    return ToolReturn(content=made.message, descriptor=descriptor, details=made.model_dump())
 
 
 def _render_table(ctx: ToolContext, args: RenderTableArgs) -> ToolReturn:
