@@ -7,34 +7,30 @@ SQL (run the query again with WHERE / GROUP BY) and are deliberately not here.
 
 No formula is ever made from data (SECURITY.md): in CSV a text cell starting with ``= + - @``, TAB, CR or LF
 gets a leading apostrophe; XLSX cells are written typed (text always as text, XlsxWriter's string conversions
-off). Both count those cells as guarded. The file is built in a host temporary folder, then published with
+off). Both count those cells as guarded; the writers are in :mod:`~sandbox_runtime.tools.table_writers`. The
+file is built in a host temporary folder, then published with
 :meth:`~sandbox_runtime.store.safe_paths.ResultsRoot.create_file` from it in chunks: nothing half-written is
 ever visible, memory stays bounded, and an existing name gets ``-2``, ``-3`` … (nothing is overwritten).
 """
 
 from __future__ import annotations
 
-import csv
-import datetime as dt
 import errno
 import hashlib
 import itertools
 import logging
-import math
 import os
 import re
 import tempfile
 from collections import Counter
 from collections.abc import Iterator, Sequence
-from contextlib import ExitStack, contextmanager, suppress
-from dataclasses import dataclass
-from typing import IO, Any, Literal, Protocol
+from contextlib import ExitStack
+from typing import Literal
 
-import xlsxwriter  # type: ignore[import-untyped]  # XlsxWriter ships no py.typed marker
 from pydantic import BaseModel, ConfigDict, Field
 
 from sandbox_runtime.errors import InvalidToolArguments, PathExists, PathNotFound
-from sandbox_runtime.spill.cells import Cell, ColumnType, cell
+from sandbox_runtime.spill.cells import Cell, ColumnType
 from sandbox_runtime.store.safe_paths import ResultsRoot, display_name
 from sandbox_runtime.tools.table_source import (
     TABLE_FILE_SUFFIX,
@@ -43,6 +39,14 @@ from sandbox_runtime.tools.table_source import (
     open_table,
     select_columns,
     sort_rows,
+)
+from sandbox_runtime.tools.table_writers import (
+    XLSX_MAX_COLUMNS,
+    XLSX_MAX_DATA_ROWS,
+    CellTally,
+    ExportFormat,
+    open_sheet,
+    plural,
 )
 
 __all__ = [
@@ -65,7 +69,6 @@ EXPORT_TABLE_DESCRIPTION = (
     "with WHERE / GROUP BY and export that result."
 )
 
-ExportFormat = Literal["csv", "xlsx"]
 _EXPORTS = "exports"
 _UNSAFE_NAME = re.compile(r"[^A-Za-z0-9._-]+")
 _STEM_MAX_CHARS = 100  # characters of a file name before the suffix and extension
@@ -73,23 +76,6 @@ _LISTED_EXPORTS = 100_000  # names of exports/ read to pick a free name (more ar
 _PUBLISH_ATTEMPTS = 16  # names tried when exports/ changes while publishing
 _PUBLISH_CHUNK = 1 << 20  # bytes per chunk copied from the host temporary file
 _TIMES = "\u00d7"  # the multiplication sign (U+00D7) between the row and the column count
-XLSX_MAX_DATA_ROWS = 1_048_575  # Excel's 1,048,576 rows per sheet, less the header
-XLSX_MAX_COLUMNS = 16_384
-_XLSX_MAX_CHARS = 32_767  # characters in one Excel cell
-_XLSX_MAX_EXACT_INT = 10**15  # Excel keeps 15 significant digits; larger integers are written as text
-_XLSX_FIRST_YEAR = 1900  # Excel shows earlier dates as ####; they are written as ISO text
-_XLSX_CREATED = dt.datetime(2000, 1, 1, tzinfo=dt.UTC)  # fixed document date: the same input gives the same bytes
-_XLSX_OPTIONS = {
-    "constant_memory": True,
-    "strings_to_formulas": False,
-    "strings_to_urls": False,
-    "strings_to_numbers": False,
-}
-_FORMULA_START = ("=", "+", "-", "@", "\t", "\r", "\n")
-_FORMULA_FIRST = frozenset(_FORMULA_START)
-_CSV_AS_IS = frozenset({int, type(None)})  # the csv module writes these right: 12, empty
-_SURROGATES = re.compile("[\ud800-\udfff]")
-_XLSX_UNSAFE = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\ud800-\udfff]")  # C0 controls but TAB/LF/CR
 
 
 class ExportColumn(BaseModel):
@@ -178,9 +164,9 @@ def export_table(
         work = stack.enter_context(tempfile.TemporaryDirectory(dir=tmp_dir, prefix="sandbox-runtime-export-"))
         built = os.path.join(work, "export" + ext)
         headers = [header for _index, header in picked]
-        tally = _Tally()
+        tally = CellTally()
         selected = itertools.islice(rows, args.start, None if args.count is None else args.start + args.count)
-        with _open_sheet(args.format, built, work, tally) as sheet:
+        with open_sheet(args.format, built, work, tally) as sheet:
             sheet.header(headers)
             written = 0
             for row in selected:
@@ -204,17 +190,13 @@ def export_table(
         cut_cells=tally.cut,
         notes=notes,
         message=(
-            f"Wrote {_plural(written, 'row')} {_TIMES} {_plural(len(headers), 'column')} ({chunks.bytes:,} bytes) to "
+            f"Wrote {plural(written, 'row')} {_TIMES} {plural(len(headers), 'column')} ({chunks.bytes:,} bytes) to "
             f"{path}{detail}; {guarded}" + "".join(f"; {note}" for note in notes) + "."
         ),
     )
 
 
 # arguments ------------------------------------------------------------------------------------------------
-def _plural(count: int, unit: str) -> str:
-    return f"{count:,} {unit}{'s' * (count != 1)}"
-
-
 def _clean_stem(raw: str) -> str:
     return _UNSAFE_NAME.sub("_", raw).strip("._-")[:_STEM_MAX_CHARS].rstrip("._-")
 
@@ -312,7 +294,7 @@ def _check_range(args: ExportTableArgs, total: int, shown: str) -> int:
     if args.start > 0 and args.start >= total:
         last = f"; start counts from 0, so the last row is start={total - 1:,}" if total else ""
         raise InvalidToolArguments(
-            f"export_table: start={args.start:,} is past the end: {shown} has {_plural(total, 'row')}{last}"
+            f"export_table: start={args.start:,} is past the end: {shown} has {plural(total, 'row')}{last}"
         )
     wanted = max(0, total - args.start)
     wanted = wanted if args.count is None else min(wanted, args.count)
@@ -334,159 +316,6 @@ def _detail(args: ExportTableArgs, written: int, total: int, wanted: int) -> str
     if written != wanted:
         parts.append(f"the source changed while read: {wanted:,} rows were expected")
     return f" ({'; '.join(parts)})" if parts else ""
-
-
-# writing --------------------------------------------------------------------------------------------------
-@dataclass
-class _Tally:
-    """What the writers changed, for the message."""
-
-    guarded: int = 0
-    replaced: int = 0
-    cut: int = 0
-    long_numbers: int = 0
-    early_dates: int = 0
-    zoned: int = 0
-
-    def notes(self) -> list[str]:
-        found = [
-            (self.replaced, "character", "the format cannot hold replaced with U+FFFD"),
-            (self.cut, "text cell", f"cut to {_XLSX_MAX_CHARS:,} characters (Excel's cell limit)"),
-            (self.long_numbers, "integer", "of 16 or more digits written as text (Excel keeps 15 digits)"),
-            (self.early_dates, "date", f"before {_XLSX_FIRST_YEAR} written as ISO text (Excel has no earlier dates)"),
-            (self.zoned, "datetime", "with a time zone written in UTC (Excel has no time zones)"),
-        ]
-        return [f"{_plural(count, unit)} {what}" for count, unit, what in found if count]
-
-
-def _text(value: object, tally: _Tally, *, xlsx: bool) -> str:
-    """A text cell made safe: never a formula (CSV: a leading apostrophe; XLSX: text all the same), characters
-    the format cannot hold replaced (lone surrogates; in XLSX also C0 controls but TAB/LF/CR), XLSX's cap kept."""
-    text = value if isinstance(value, str) else str(cell(value))
-    formula_like = text.startswith(_FORMULA_START)
-    tally.guarded += formula_like
-    unsafe = _XLSX_UNSAFE if xlsx else _SURROGATES
-    if unsafe.search(text):
-        text, replaced = unsafe.subn("\ufffd", text)
-        tally.replaced += replaced
-    if xlsx and len(text) > _XLSX_MAX_CHARS:
-        text = text[:_XLSX_MAX_CHARS]
-        tally.cut += 1
-    return "'" + text if formula_like and not xlsx else text
-
-
-class _Sheet(Protocol):
-    def header(self, names: Sequence[str]) -> None: ...
-
-    def write(self, row: Sequence[Cell]) -> None: ...
-
-
-class _CsvSheet:
-    """UTF-8 CSV: a header line, ISO dates, ``true``/``false``, NULL as an empty field, formulas guarded."""
-
-    def __init__(self, file: IO[str], tally: _Tally) -> None:
-        self._csv = csv.writer(file)
-        self._tally = tally
-
-    def header(self, names: Sequence[str]) -> None:
-        self._csv.writerow([_text(name, self._tally, xlsx=False) for name in names])
-
-    def write(self, row: Sequence[Cell]) -> None:
-        # the common cells pass as they are (plain ASCII text not starting like a formula, numbers, NULL)
-        self._csv.writerow(
-            [
-                value
-                if type(value) in _CSV_AS_IS
-                or (type(value) is str and value[:1] not in _FORMULA_FIRST and value.isascii())
-                else self._cell(value)
-                for value in row
-            ]
-        )
-
-    def _cell(self, value: Cell) -> str:
-        if value is None:
-            return ""
-        if isinstance(value, bool):
-            return "true" if value else "false"
-        if isinstance(value, float):
-            return repr(value) if math.isfinite(value) else ""
-        if isinstance(value, int):
-            return str(value)
-        if isinstance(value, dt.date):
-            return value.isoformat()
-        return _text(value, self._tally, xlsx=False)
-
-
-class _XlsxSheet:
-    """One sheet of typed cells in row order (XlsxWriter's constant-memory mode), the header bold and frozen."""
-
-    def __init__(self, book: Any, tally: _Tally) -> None:
-        self._sheet = book.add_worksheet()
-        self._bold = book.add_format({"bold": True})
-        self._date = book.add_format({"num_format": "yyyy-mm-dd"})
-        self._datetime = book.add_format({"num_format": "yyyy-mm-dd hh:mm:ss"})
-        self._tally = tally
-        self._row = 0
-
-    def header(self, names: Sequence[str]) -> None:
-        self._sheet.freeze_panes(1, 0)
-        for column, name in enumerate(names):
-            self._sheet.write_string(0, column, _text(name, self._tally, xlsx=True), self._bold)
-        self._row = 1
-
-    def write(self, row: Sequence[Cell]) -> None:
-        if self._row > XLSX_MAX_DATA_ROWS:
-            raise InvalidToolArguments(
-                f"export_table: the source grew past {XLSX_MAX_DATA_ROWS:,} rows while it was read, more than an "
-                "XLSX sheet holds; export parts with start/count, or use format csv"
-            )
-        sheet, at = self._sheet, self._row
-        for column, value in enumerate(row):
-            if value is None or (isinstance(value, float) and not math.isfinite(value)):
-                continue  # NULL is a blank cell
-            if isinstance(value, bool):
-                sheet.write_boolean(at, column, value)
-            elif isinstance(value, int) and abs(value) >= _XLSX_MAX_EXACT_INT:
-                self._tally.long_numbers += 1
-                sheet.write_string(at, column, str(value))
-            elif isinstance(value, int | float):
-                sheet.write_number(at, column, value)
-            elif isinstance(value, dt.date):
-                self._write_date(at, column, value)
-            else:
-                sheet.write_string(at, column, _text(value, self._tally, xlsx=True))
-        self._row += 1
-
-    def _write_date(self, at: int, column: int, value: dt.date) -> None:
-        if isinstance(value, dt.datetime):
-            if value.utcoffset() is not None:
-                value = value.astimezone(dt.UTC)
-                self._tally.zoned += 1
-            value = value.replace(tzinfo=None)
-        if value.year < _XLSX_FIRST_YEAR:
-            self._tally.early_dates += 1
-            self._sheet.write_string(at, column, value.isoformat())
-            return
-        style = self._datetime if isinstance(value, dt.datetime) else self._date
-        self._sheet.write_datetime(at, column, value, style)
-
-
-@contextmanager
-def _open_sheet(fmt: ExportFormat, path: str, work: str, tally: _Tally) -> Iterator[_Sheet]:
-    """A sheet writing ``path``; the file is complete once the context ends without an error."""
-    if fmt == "csv":
-        with open(path, "w", encoding="utf-8", newline="") as file:
-            yield _CsvSheet(file, tally)
-        return
-    book = xlsxwriter.Workbook(path, {**_XLSX_OPTIONS, "tmpdir": work})
-    book.set_properties({"created": _XLSX_CREATED})
-    try:
-        yield _XlsxSheet(book, tally)
-    except BaseException:
-        with suppress(Exception):
-            book.close()  # closes its temporary files; the partial file is discarded with the folder
-        raise
-    book.close()
 
 
 # publishing -----------------------------------------------------------------------------------------------
