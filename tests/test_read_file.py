@@ -21,8 +21,8 @@ from sandbox_runtime.errors import (
     PathOutsideResults,
     UnsafeFileType,
 )
+from sandbox_runtime.store.capped import CappedReader
 from sandbox_runtime.store.safe_paths import ResultsRoot
-from sandbox_runtime.tools import read_file as read_file_module
 from sandbox_runtime.tools.read_file import (
     READ_FILE_DESCRIPTION,
     ReadFileArgs,
@@ -362,7 +362,7 @@ def test_a_file_that_grows_while_read_is_read_no_further_than_the_cap(results: P
     grown = plant(results, "grown.txt", "line\n" * 100)  # 500 bytes, as if it had grown after a check at 100
 
     with io.FileIO(grown, "r") as file:
-        capped = read_file_module._Capped(file, 100, "/mnt/results/grown.txt")
+        capped = CappedReader(file, 100, "/mnt/results/grown.txt")
         reader = io.BufferedReader(capped)
         with pytest.raises(FileTooLarge, match="grew past the cap of 100 bytes"):
             reader.read()

@@ -19,11 +19,12 @@ from typing import TYPE_CHECKING
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from sandbox_runtime.errors import FileTooLarge, InvalidToolArguments, UnsafeFileType
+from sandbox_runtime.errors import InvalidToolArguments, UnsafeFileType
+from sandbox_runtime.store.capped import CappedReader
 from sandbox_runtime.store.safe_paths import ResultsRoot, display_name
 
 if TYPE_CHECKING:
-    from _typeshed import WriteableBuffer
+    pass
 
 __all__ = ["DEFAULT_MAX_CHARS", "READ_FILE_DESCRIPTION", "ReadFileArgs", "ReadFileResult", "parse_args", "read_file"]
 
@@ -75,27 +76,6 @@ def parse_args(raw: dict[str, object] | ReadFileArgs) -> ReadFileArgs:
     except ValidationError as exc:
         detail = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'arguments'}: {e['msg']}" for e in exc.errors())
         raise InvalidToolArguments(f"read_file: {detail}") from exc
-
-
-class _Capped(io.RawIOBase):
-    """The opened file read forward; raises :class:`FileTooLarge` once more than ``max_bytes`` were read."""
-
-    def __init__(self, file: io.FileIO, max_bytes: int, shown: str) -> None:
-        super().__init__()
-        self._file, self._max_bytes, self._shown, self._got = file, max_bytes, shown, 0
-
-    def readable(self) -> bool:
-        return True
-
-    def readinto(self, buffer: WriteableBuffer, /) -> int:
-        with memoryview(buffer) as view, view.cast("B") as flat:
-            got = self._file.readinto(flat[: self._max_bytes + 1 - self._got])
-        if got is None:
-            raise UnsafeFileType(f"{self._shown} would block on read; only regular files are read")
-        self._got += got
-        if self._got > self._max_bytes:
-            raise FileTooLarge(f"{self._shown} grew past the cap of {self._max_bytes} bytes while it was read")
-        return got
 
 
 def _skip(text: io.TextIOWrapper, count: int) -> int:
@@ -169,7 +149,7 @@ def read_file(
                 f"{shown} looks binary ({st.st_size:,} bytes; a NUL byte in its first {len(head):,} bytes); "
                 "read_file only reads text: use run_python to inspect it"
             )
-        buffered = io.BufferedReader(_Capped(file, max_file_bytes, shown))
+        buffered = io.BufferedReader(CappedReader(file, max_file_bytes, shown))
         with io.TextIOWrapper(buffered, encoding="utf-8", errors="replace", newline="\n") as text:
             skipped = _skip(text, args.offset - 1)
             lines, cut, more = _take(text, args.limit, max_chars) if skipped == args.offset - 1 else ([], False, False)

@@ -31,14 +31,15 @@ from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from typing import IO, TYPE_CHECKING, Any, get_args
 
-from sandbox_runtime.errors import FileTooLarge, InvalidToolArguments, UnsafeFileType
+from sandbox_runtime.errors import FileTooLarge, InvalidToolArguments
 from sandbox_runtime.spill.cells import Cell, ColumnType
 from sandbox_runtime.spill.jsonio import loads, paused_gc
 from sandbox_runtime.spill.tables import TABLE_FORMAT, Table, TableFileError, iter_table_file, recognise_table
+from sandbox_runtime.store.capped import CappedReader
 from sandbox_runtime.store.safe_paths import ResultsRoot, display_name
 
 if TYPE_CHECKING:
-    from _typeshed import WriteableBuffer
+    pass
 
 __all__ = [
     "ACCEPTED_FORMATS",
@@ -103,30 +104,9 @@ def open_table(root: ResultsRoot, path: str, *, max_bytes: int) -> Iterator[Tabl
 
 
 # table files ---------------------------------------------------------------------------------------------
-class _Capped(io.RawIOBase):
-    """The opened file read forward; raises :class:`FileTooLarge` once more than ``max_bytes`` were read."""
-
-    def __init__(self, file: io.FileIO, max_bytes: int, shown: str) -> None:
-        super().__init__()
-        self._file, self._max_bytes, self._shown, self._got = file, max_bytes, shown, 0
-
-    def readable(self) -> bool:
-        return True
-
-    def readinto(self, buffer: WriteableBuffer, /) -> int:
-        with memoryview(buffer) as view, view.cast("B") as flat:
-            got = self._file.readinto(flat[: self._max_bytes + 1 - self._got])
-        if got is None:
-            raise UnsafeFileType(f"{self._shown} would block on read; only regular files are read")
-        self._got += got
-        if self._got > self._max_bytes:
-            raise FileTooLarge(f"{self._shown} grew past the cap of {self._max_bytes:,} bytes while it was read")
-        return got
-
-
 def _table_file(file: io.FileIO, sandbox: str, shown: str, max_bytes: int) -> TableSource:
     row_count = max(0, _count_lines(file.fileno(), max_bytes, shown) - 1)
-    lines = _decoded_lines(io.BufferedReader(_Capped(file, max_bytes, shown), _READ_CHUNK), shown)
+    lines = _decoded_lines(io.BufferedReader(CappedReader(file, max_bytes, shown), _READ_CHUNK), shown)
     first = next(lines, None)
     if first is None:
         raise InvalidToolArguments(f"{shown} is empty, not a table file; {_accepted()}")
