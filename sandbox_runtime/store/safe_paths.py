@@ -29,7 +29,6 @@ import stat
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager, suppress
 from pathlib import Path
-from typing import Protocol
 
 from sandbox_runtime.errors import (
     FileTooLarge,
@@ -39,6 +38,7 @@ from sandbox_runtime.errors import (
     PathRejected,
     UnsafeFileType,
 )
+from sandbox_runtime.store.capped import read_capped
 from sandbox_runtime.store.path_rules import (
     DEFAULT_MOUNT_PATH,
     MAX_NAME_BYTES,
@@ -69,7 +69,6 @@ _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _FILE_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY
 _TMP_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 _APPEND_FLAGS = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY
-_READ_CHUNK = 1 << 20
 _UNSAFE_ERRNOS = frozenset({errno.ELOOP, errno.ENOTDIR, errno.EXDEV, errno.ENXIO, errno.EISDIR})
 
 _KIND_TEXT: dict[EntryKind, str] = {
@@ -82,30 +81,6 @@ _KIND_TEXT: dict[EntryKind, str] = {
     "block_device": "a block device",
     "other": "a special file",
 }
-
-
-class _Reader(Protocol):
-    def read(self, size: int = -1, /) -> bytes | None: ...
-
-
-def read_capped(file: _Reader, max_bytes: int, *, label: str = "the file") -> bytes:
-    """Read to the end of ``file``, never more than ``max_bytes + 1`` bytes; raise if it exceeds the cap."""
-    if max_bytes < 0:
-        raise ValueError("max_bytes must be >= 0")
-    limit = max_bytes + 1
-    chunks: list[bytes] = []
-    got = 0
-    while got < limit:
-        chunk = file.read(min(limit - got, _READ_CHUNK))
-        if chunk is None:
-            raise UnsafeFileType(f"{label} would block on read; only regular files are read")
-        if not chunk:
-            break
-        chunks.append(chunk)
-        got += len(chunk)
-    if got > max_bytes:
-        raise FileTooLarge(f"{label} grew past the cap of {max_bytes} bytes while it was read")
-    return b"".join(chunks)
 
 
 def _lstat(parent: int, name: str) -> os.stat_result | None:
