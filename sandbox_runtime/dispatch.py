@@ -1,6 +1,8 @@
-"""One pipeline for every tool call: execute → spill → per-turn budget → persisted decision.
+"""One pipeline for every tool call: resolve → approve → execute → spill → per-turn budget → persisted decision
+and execution record.
 
-A *turn* is a batch of calls the host runs together. Each item is either a built-in :class:`ToolCall` (run here;
+A *turn* is a batch of calls the host runs together. Each item is either a :class:`ToolCall` of a built-in or
+registered tool (run here — see :mod:`~sandbox_runtime.execution` for ``delegate_call`` expansion and approval;
 several run in parallel) or a :class:`HostResult` (the host ran its own tool and hands in what it returned). Every
 result then goes the same way: a failure's full error is saved in ``errors/`` and shortened; a result of
 ``threshold_chars`` or more is spilled to ``spill/`` (unless its tool is self-bounded); the turn's budget replaces
