@@ -100,6 +100,7 @@ def _export_table(ctx: ToolContext, args: ExportTableArgs) -> ToolReturn:
             ctx.root,
             args,
             max_source_bytes=ctx.policy.store.read_max_bytes,
+            max_table_file_bytes=ctx.policy.store.quota_bytes,  # streamed: no larger than the folder itself
             sort_memory_rows=ctx.policy.tools.sort_memory_rows_max,
         )
     except PathNotFound as exc:
@@ -123,7 +124,11 @@ def _export_table(ctx: ToolContext, args: ExportTableArgs) -> ToolReturn:
 def _render_table(ctx: ToolContext, args: RenderTableArgs) -> ToolReturn:
     try:
         drawn = render_table(
-            ctx.root, args, max_source_bytes=ctx.policy.store.read_max_bytes, max_rows=ctx.policy.tools.render_rows_max
+            ctx.root,
+            args,
+            max_source_bytes=ctx.policy.store.read_max_bytes,
+            max_table_file_bytes=ctx.policy.store.quota_bytes,
+            max_rows=ctx.policy.tools.render_rows_max,
         )
     except PathNotFound as exc:
         raise expired_or(ctx, args.source or "", exc) from exc

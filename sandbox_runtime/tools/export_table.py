@@ -138,12 +138,14 @@ def export_table(
     args: ExportTableArgs,
     *,
     max_source_bytes: int,
+    max_table_file_bytes: int | None = None,
     sort_memory_rows: int = 100_000,
     tmp_dir: str | None = None,
 ) -> ExportResult:
     """Write the chosen rows and columns of ``args.source`` to ``exports/`` and describe the new file.
 
-    At most ``max_source_bytes`` of the source are read; at most ``sort_memory_rows`` rows are held for sorting
+    At most ``max_source_bytes`` of a whole-read source are read (``max_table_file_bytes`` of a streamed table
+    file); at most ``sort_memory_rows`` rows are held for sorting
     (more go to temporary files in ``tmp_dir``, host side). Bad arguments raise :class:`InvalidToolArguments`.
     """
     if sort_memory_rows < 1:
@@ -151,7 +153,9 @@ def export_table(
     ext = "." + args.format
     stem = _stem_from_filename(args.filename) if args.filename is not None else None
     with ExitStack() as stack:
-        source = stack.enter_context(open_table(root, args.source, max_bytes=max_source_bytes))
+        source = stack.enter_context(
+            open_table(root, args.source, max_bytes=max_source_bytes, max_stream_bytes=max_table_file_bytes)
+        )
         shown = display_name(source.path)
         picked = _pick_columns(source, args.columns)
         if args.format == "xlsx" and len(picked) > XLSX_MAX_COLUMNS:

@@ -76,6 +76,7 @@ def render_table(
     args: RenderTableArgs,
     *,
     max_source_bytes: int,
+    max_table_file_bytes: int | None = None,
     max_rows: int = DEFAULT_MAX_ROWS,
 ) -> RenderTableResult:
     """Render rows ``start`` … ``start + count - 1`` of the source (or of the inline rows) as a Markdown table.
@@ -89,7 +90,7 @@ def render_table(
         raise InvalidToolArguments("render_table: give either `source` (a path) or `rows` with `columns`, not both")
     if args.source is None:
         return _render_inline(args, max_rows)
-    with open_table(root, args.source, max_bytes=max_source_bytes) as source:
+    with open_table(root, args.source, max_bytes=max_source_bytes, max_stream_bytes=max_table_file_bytes) as source:
         shown = display_name(source.path)
         names = list(args.columns) if args.columns is not None else list(source.columns)
         positions = select_columns(source, names, tool="render_table")

@@ -87,8 +87,13 @@ class TableSource:
 
 
 @contextmanager
-def open_table(root: ResultsRoot, path: str, *, max_bytes: int) -> Iterator[TableSource]:
+def open_table(
+    root: ResultsRoot, path: str, *, max_bytes: int, max_stream_bytes: int | None = None
+) -> Iterator[TableSource]:
     """Open ``path`` (in the results folder) as a table; its rows are readable until the context ends.
+
+    A whole-read file is capped at ``max_bytes``; a table file, streamed in constant memory, at
+    ``max_stream_bytes`` (default: ``max_bytes``).
 
     Raises :class:`InvalidToolArguments` when the file is not a table (naming the accepted formats and why),
     is not UTF-8, or is a corrupt table file (naming the line); path errors come from ``ResultsRoot``.
@@ -97,8 +102,9 @@ def open_table(root: ResultsRoot, path: str, *, max_bytes: int) -> Iterator[Tabl
     sandbox = root.sandbox_path(components)
     shown = display_name(sandbox)
     if components[-1].endswith(TABLE_FILE_SUFFIX):
-        with root.open_regular(components, max_bytes=max_bytes) as (file, _st):
-            yield _table_file(file, sandbox, shown, max_bytes)
+        cap = max_bytes if max_stream_bytes is None else max_stream_bytes
+        with root.open_regular(components, max_bytes=cap) as (file, _st):
+            yield _table_file(file, sandbox, shown, cap)
         return
     yield _whole_file(root.read_bytes(components, max_bytes=max_bytes), sandbox, shown)
 

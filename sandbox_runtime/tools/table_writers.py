@@ -54,7 +54,7 @@ _XLSX_OPTIONS = {
 }
 _FORMULA_START = ("=", "+", "-", "@", "\t", "\r", "\n")
 _FORMULA_FIRST = frozenset(_FORMULA_START)
-_CSV_AS_IS = frozenset({int, type(None)})  # the csv module writes these right: 12, empty
+_CSV_AS_IS = frozenset({int, type(None), dt.date})  # the csv module writes these right: 12, empty, 2026-01-31
 _SURROGATES = re.compile("[\ud800-\udfff]")
 _XLSX_UNSAFE = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\ud800-\udfff]")  # C0 controls but TAB/LF/CR
 
@@ -121,12 +121,18 @@ class _CsvSheet:
         self._csv.writerow([_safe_text(name, self._tally, xlsx=False) for name in names])
 
     def write(self, row: Sequence[Cell]) -> None:
-        # the common cells pass as they are (plain ASCII text not starting like a formula, numbers, NULL)
+        # the common cells pass as they are: integers, NULL, finite floats (the csv module writes repr), and
+        # text that does not start like a formula and holds no lone surrogate
         self._csv.writerow(
             [
                 value
                 if type(value) in _CSV_AS_IS
-                or (type(value) is str and value[:1] not in _FORMULA_FIRST and value.isascii())
+                or (type(value) is float and value - value == 0.0)
+                or (
+                    type(value) is str
+                    and value[:1] not in _FORMULA_FIRST
+                    and (value.isascii() or not _SURROGATES.search(value))
+                )
                 else self._cell(value)
                 for value in row
             ]
