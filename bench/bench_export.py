@@ -33,7 +33,6 @@ import gc
 import io
 import itertools
 import json
-import math
 import multiprocessing
 import os
 import platform
@@ -47,6 +46,7 @@ from functools import partial
 from pathlib import Path
 
 import xlsxwriter  # type: ignore[import-untyped]  # XlsxWriter ships no py.typed marker
+from benchkit import Met, interleaved, line, pair
 
 from sandbox_runtime.policy import SpillPolicy
 from sandbox_runtime.spill.spiller import spill_result
@@ -62,27 +62,6 @@ COLUMNS = ("id", "qty", "price", "score", "name", "city", "day", "due", "active"
 CITIES = ("Berlin", "Lyon", "Oslo", "Zürich", "Porto", "Kraków", "Turin", "Ghent")
 DATES = tuple((dt.date(2020, 1, 1) + dt.timedelta(days=d)).isoformat() for d in range(1500))
 CALL_COLUMNS = ("day", "city", "price")
-
-
-def percentile(values: list[float], q: float) -> float:
-    """Nearest-rank percentile (q in 0..100) of a non-empty list."""
-    ordered = sorted(values)
-    return ordered[max(1, math.ceil(q / 100 * len(ordered))) - 1]
-
-
-def interleaved(cases: dict[str, Callable[[], object]], repeat: int) -> dict[str, list[float]]:
-    """One untimed warm-up each, then ``repeat`` rounds over the cases; the order flips every round."""
-    for fn in cases.values():
-        fn()
-    gc.collect()
-    samples: dict[str, list[float]] = {name: [] for name in cases}
-    names = list(cases)
-    for i in range(repeat):
-        for name in names if i % 2 == 0 else names[::-1]:
-            start = time.perf_counter()
-            cases[name]()
-            samples[name].append(time.perf_counter() - start)
-    return samples
 
 
 def record(i: int) -> tuple[object, ...]:
@@ -191,26 +170,6 @@ def peak_in_child(ex: Exports, source: str, fmt: ExportFormat, sort: str | None 
         return pool.submit(child_peak, str(ex.root.host_root), source, fmt, sort).result()
 
 
-def line(label: str, values: list[float], scale: float, unit: str, ratio: float | None = None) -> None:
-    """One aligned table line: n, p50, p90 (``-`` for a single sample) and, for a case, its p50 ratio."""
-    p90 = f"{percentile(values, 90) * scale:.3f}" if len(values) > 1 else "-"
-    shown = f"{ratio:.2f}x" if ratio is not None else ""
-    p50 = statistics.median(values) * scale
-    print(f"  {label:<56}{len(values):>6}{p50:>10.3f} {unit:<2}{p90:>10} {unit:<2}{shown:>8}")
-
-
-def pair(title: str, case: tuple[str, list[float]], base: tuple[str, list[float]], scale: float, unit: str) -> float:
-    """The case and its baseline, the ratio of their p50s on the case's line; returns that ratio."""
-    print(f"\n{title}")
-    ratio = statistics.median(case[1]) / statistics.median(base[1])
-    line(*case, scale, unit, ratio)
-    line(*base, scale, unit)
-    return ratio
-
-
-Met = list[tuple[str, str, str, bool]]
-
-
 def speed(ex: Exports, rows: int, reps: dict[str, int], met: Met) -> None:
     source = ex.spill(rows)
     host = ex.host(source)
@@ -225,7 +184,7 @@ def speed(ex: Exports, rows: int, reps: dict[str, int], met: Met) -> None:
             "plain": partial(ex.baseline, host, fmt),
         }
         s = interleaved(runs, reps[fmt])
-        ratio = pair(
+        _p50, ratio = pair(
             f"{number}. {fmt.upper()} export of {rows:,} rows x {len(COLUMNS)} columns from a spilled table file",
             (f'export_table(format="{fmt}")', s["export"]),
             (f"baseline: iter_table_file + {base}", s["plain"]),

@@ -29,7 +29,6 @@ import datetime as dt
 import gc
 import itertools
 import json
-import math
 import os
 import platform
 import random
@@ -43,6 +42,8 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+from benchkit import Met, interleaved, line, pair
+
 from sandbox_runtime.policy import SpillPolicy
 from sandbox_runtime.spill.spiller import SpillOutcome, spill_result
 from sandbox_runtime.spill.streamed import TableStream
@@ -54,27 +55,6 @@ DATES = tuple((dt.date(2020, 1, 1) + dt.timedelta(days=d)).isoformat() for d in 
 SWEPT = ("spill", "errors", "args")
 COLUMNS = ("id", "name", "amount", "date", "active")
 WORDS = ("the", "of", "result", "table", "value", "tool", "call", "spill", "file", "row", "column,", "turn:")
-
-
-def percentile(values: list[float], q: float) -> float:
-    """Nearest-rank percentile (q in 0..100) of a non-empty list."""
-    ordered = sorted(values)
-    return ordered[max(1, math.ceil(q / 100 * len(ordered))) - 1]
-
-
-def interleaved(cases: dict[str, Callable[[], object]], repeat: int) -> dict[str, list[float]]:
-    """One untimed warm-up each, then ``repeat`` rounds over the cases; the order flips every round."""
-    for fn in cases.values():
-        fn()
-    gc.collect()
-    samples: dict[str, list[float]] = {name: [] for name in cases}
-    names = list(cases)
-    for i in range(repeat):
-        for name in names if i % 2 == 0 else names[::-1]:
-            start = time.perf_counter()
-            cases[name]()
-            samples[name].append(time.perf_counter() - start)
-    return samples
 
 
 class Spiller:
@@ -214,31 +194,11 @@ def gc_rounds(work: Path, files: int, rounds: int) -> dict[str, list[float]]:
     return samples
 
 
-def line(label: str, values: list[float], scale: float, unit: str, ratio: float | None = None) -> None:
-    """One aligned table line: n, p50, p90 (``-`` for a single sample) and, for a case, its p50 ratio."""
-    p90 = f"{percentile(values, 90) * scale:.3f}" if len(values) > 1 else "-"
-    shown = f"{ratio:.2f}x" if ratio is not None else ""
-    p50 = statistics.median(values) * scale
-    print(f"  {label:<56}{len(values):>6}{p50:>10.3f} {unit:<2}{p90:>10} {unit:<2}{shown:>8}")
-
-
-def pair(title: str, case: tuple[str, list[float]], base: tuple[str, list[float]], scale: float, unit: str) -> float:
-    """The case and its baseline, the ratio of their p50s on the case's line; returns the case's p50 in ``unit``."""
-    print(f"\n{title}")
-    ratio = statistics.median(case[1]) / statistics.median(base[1])
-    line(*case, scale, unit, ratio)
-    line(*base, scale, unit)
-    return statistics.median(case[1]) * scale
-
-
-Met = list[tuple[str, str, str, bool]]
-
-
 def small_text(sp: Spiller, reps: int, sync_reps: int, met: Met) -> None:
     text = prose(10_240)
     data = text.encode()
     s = interleaved({"spill": lambda: sp.spill(text, kind="text"), "plain": lambda: sp.write_plain(data)}, reps)
-    p = pair(
+    p, _ratio = pair(
         f"1. spill decision + write, 10 KB text ({len(text):,} chars)",
         ("spill_result(durable=False)", s["spill"]),
         ("baseline: os.open(O_CREAT|O_EXCL|O_WRONLY) + write + close", s["plain"]),
@@ -258,7 +218,7 @@ def json_results(sp: Spiller, reps: int, met: Met) -> None:
         (f"3. 1 MB JSON table ({records:,} records of 5 columns incl. a date)", table, "table"),
     ):
         s = interleaved({"spill": partial(sp.spill, body, kind=kind), "naive": partial(sp.naive_json, body)}, reps)
-        p = pair(
+        p, _ratio = pair(
             f"{title}, {len(body):,} chars",
             (f"spill_result(durable=False) -> {kind} file", s["spill"]),
             ("baseline: json.loads + json.dumps(indent=2) + write", s["naive"]),
@@ -286,7 +246,7 @@ def streamed(sp: Spiller, rows: int, met: Met) -> None:
 
 def retention(work: Path, files: int, reps: int, met: Met) -> None:
     s = gc_rounds(work, files, reps)
-    p = pair(
+    p, _ratio = pair(
         f"5. gc over {files:,} files (spill/errors/args, 10 sub-folders each, 8 days old)",
         ("sweep_older_than", s["sweep_older_than"]),
         ("baseline: os.walk(topdown=False) + unlink/rmdir", s["os.walk + unlink"]),
