@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime as dt
 import io
 import json
+import math
 import time
 
 import pytest
@@ -165,3 +166,20 @@ def test_values_from_a_database_cursor_keep_their_types() -> None:
         [dt.date(2020, 1, 1), dt.datetime(2020, 1, 1, 5, 30), 1.5, "b'raw'"],
         [None, dt.datetime(2020, 1, 2), 2, None],
     ]
+
+
+def test_row_lines_are_exact_even_when_text_holds_the_row_boundary() -> None:
+    from sandbox_runtime.spill.jsonio import dumps_lines  # noqa: PLC0415
+
+    rows = [[1, "a"], [], [2, "x],[y"], [3, None]]
+    assert dumps_lines(rows) == b'[1,"a"]\n[]\n[2,"x],[y"]\n[3,null]\n'
+    assert dumps_lines([[1, "a"], [2, "b"]]) == b'[1,"a"]\n[2,"b"]\n'
+    assert dumps_lines([]) == b""
+
+
+def test_nan_and_infinities_become_null_with_or_without_other_nulls() -> None:
+    table = _table({"columns": ["a", "b"], "rows": [[1.5, 1.0], [math.inf, None], [math.nan, -math.inf], [2, 3.0]]})
+    assert table.column_types == ("number", "number")
+    assert table.rows == [[1.5, 1.0], [None, None], [None, None], [2, 3.0]]
+    huge = _table({"columns": ["x"], "rows": [[1e308], [1e308]]})  # the sum overflows; the values are finite
+    assert huge.rows == [[1e308], [1e308]]
