@@ -146,7 +146,9 @@ class ToolsPolicy(_Model):
     )
     render_rows_max: PositiveInt = Field(2000, description="Most rows render_table draws as Markdown.")
     sort_memory_rows_max: PositiveInt = Field(
-        100_000, description="Rows export_table sorts in memory at once; more are sorted in runs on disk."
+        100_000,
+        description="Rows (of up to 10 columns; wider rows count proportionally) export_table sorts in memory "
+        "at once; more are sorted in runs on disk.",
     )
     attachment_max_bytes: PositiveInt = Field(
         256 * MiB, description="Largest file attach_file copies into the conversation's outputs."

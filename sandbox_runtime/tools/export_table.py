@@ -252,6 +252,9 @@ def _pick_columns(source: TableSource, choices: Sequence[str | ExportColumn] | N
     return list(zip(positions, headers, strict=True))
 
 
+SORT_WIDTH_BASIS = 10  # the row width sort_memory_rows is counted in
+
+
 def _ordered_rows(
     stack: ExitStack,
     source: TableSource,
@@ -266,6 +269,8 @@ def _ordered_rows(
         return ([row[i] for i in indices] for row in source.rows), source.row_count
     sort_index = _sort_column(source, picked, sort.column)
     keep = indices if sort_index in indices else [*indices, sort_index]
+    # memory_rows counts rows of up to SORT_WIDTH_BASIS columns: wider rows hold more, so fewer fit in a run
+    memory_rows = max(1, memory_rows * SORT_WIDTH_BASIS // max(SORT_WIDTH_BASIS, len(keep)))
     projected = ([row[i] for i in keep] for row in source.rows)
     ordered = stack.enter_context(
         sort_rows(
