@@ -208,9 +208,10 @@ class Dispatcher:
         self, conversation_id: str, turn_id: str, item: ToolCall | HostResult, ran: Ran, pending: _Pending
     ) -> CallRecord:
         arguments = item.arguments if isinstance(item, ToolCall) else None
-        record = self.runner.record(conversation_id, turn_id, item.call_id or "", item.tool, arguments, ran)
         descriptor = None if pending.descriptor is None else pending.descriptor.model_dump_json()
-        return record.model_copy(update={"descriptor": descriptor, "error_path": pending.error_path})
+        return self.runner.record(
+            conversation_id, turn_id, item.call_id or "", item.tool, arguments, ran, descriptor, pending.error_path
+        )
 
     # ------------------------------------------------------------------------------------------ spill
     def _mode(self, item: ToolCall | HostResult, tool: str) -> tuple[SpillMode, int | None]:
@@ -236,9 +237,8 @@ class Dispatcher:
         )
         mode, threshold = self._mode(item, tool)
         now = dt.datetime.fromtimestamp(self._clock(), dt.UTC)
-        text = unwrap_result(ret.content)[0] if mode == "self_bounded" else None
-        if text is not None:
-            pending.body = text
+        if mode == "self_bounded":
+            pending.body = unwrap_result(ret.content)[0]
         else:
             spilled = spill_result(
                 ctx.root,

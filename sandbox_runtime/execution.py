@@ -112,9 +112,17 @@ class CallRunner:
         return expanded.tool, expanded.arguments, expanded.source
 
     def record(
-        self, conversation_id: str, turn_id: str, call_id: str, tool: str, arguments: dict[str, Any] | None, ran: Ran
+        self,
+        conversation_id: str,
+        turn_id: str,
+        call_id: str,
+        tool: str,
+        arguments: dict[str, Any] | None,
+        ran: Ran,
+        descriptor: str | None,
+        error_path: str | None,
     ) -> CallRecord:
-        """The execution record of one call (the result's descriptor and error file are added by the caller)."""
+        """The execution record of one call, with its result's descriptor (JSON) and error file."""
         cap = self.policy.tools.record_args_max_bytes
         short, short_cut = _capped_json(arguments, cap)
         expanded, expanded_cut = _capped_json(ran.expanded, cap)
@@ -136,8 +144,8 @@ class CallRunner:
             expanded=expanded,
             arguments_sha256=digest,
             arguments_cut=short_cut or expanded_cut,
-            descriptor=None,
-            error_path=None,
+            descriptor=descriptor,
+            error_path=error_path,
         )
 
 

@@ -11,7 +11,7 @@ import datetime as dt
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 from jsonschema import Draft202012Validator
 from pydantic import BaseModel, ConfigDict, ValidationError
@@ -23,9 +23,18 @@ from sandbox_runtime.spill.spiller import ResultDescriptor
 from sandbox_runtime.state import Attachment, ExpiredFile
 from sandbox_runtime.store.safe_paths import ResultsRoot
 
-__all__ = ["SpillMode", "ToolContext", "ToolReturn", "ToolSpec", "expired_or", "validate_arguments"]
+__all__ = [
+    "SpillMode",
+    "ToolContext",
+    "ToolReturn",
+    "ToolSpec",
+    "expired_or",
+    "model_arguments",
+    "validate_arguments",
+]
 
 SpillMode = Literal["normal", "self_bounded"]
+M = TypeVar("M", bound=BaseModel)
 
 
 class ToolReturn(BaseModel):
@@ -92,10 +101,15 @@ def validate_arguments(spec: ToolSpec, raw: object, *, label: str | None = None)
             detail = "; ".join(f"{'.'.join(map(str, e.path)) or 'arguments'}: {e.message}" for e in problems[:10])
             raise InvalidToolArguments(f"{name}: {detail}")
         return raw
-    if isinstance(raw, spec.arguments):
+    return model_arguments(spec.arguments, raw, name)
+
+
+def model_arguments(model: type[M], raw: object, name: str) -> M:
+    """``raw`` validated as ``model``; an :class:`InvalidToolArguments` names each failing field."""
+    if isinstance(raw, model):
         return raw
     try:
-        return spec.arguments.model_validate(raw)
+        return model.model_validate(raw)
     except ValidationError as exc:
         detail = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'arguments'}: {e['msg']}" for e in exc.errors())
         raise InvalidToolArguments(f"{name}: {detail}") from exc

@@ -17,11 +17,12 @@ import logging
 import os
 from typing import TYPE_CHECKING
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 
 from sandbox_runtime.errors import InvalidToolArguments, UnsafeFileType
 from sandbox_runtime.store.capped import CappedReader
 from sandbox_runtime.store.safe_paths import ResultsRoot, display_name
+from sandbox_runtime.tools.base import model_arguments
 
 if TYPE_CHECKING:
     pass
@@ -71,11 +72,7 @@ class ReadFileResult(BaseModel):
 
 def parse_args(raw: dict[str, object] | ReadFileArgs) -> ReadFileArgs:
     """Validate arguments against the schema; errors name the field."""
-    try:
-        return raw if isinstance(raw, ReadFileArgs) else ReadFileArgs.model_validate(raw)
-    except ValidationError as exc:
-        detail = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'arguments'}: {e['msg']}" for e in exc.errors())
-        raise InvalidToolArguments(f"read_file: {detail}") from exc
+    return model_arguments(ReadFileArgs, raw, "read_file")
 
 
 def _skip(text: io.TextIOWrapper, count: int) -> int:

@@ -24,7 +24,7 @@ import logging
 import re
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from sandbox_runtime.errors import InvalidToolArguments, PathNotFound, PathRejected, SandboxGone
 from sandbox_runtime.policy import Policy
@@ -33,6 +33,7 @@ from sandbox_runtime.sandbox.manager import Sandbox, SandboxManager
 from sandbox_runtime.sandbox.profile import PYTHON, code_user, exec_environment, runner_command
 from sandbox_runtime.store.quota import QuotaUsage
 from sandbox_runtime.store.safe_paths import ResultsRoot
+from sandbox_runtime.tools.base import model_arguments
 from sandbox_runtime.tools.error_summary import summarize_failure
 
 __all__ = ["InvalidToolArguments", "RunPythonArgs", "RunPythonResult", "RunStatus", "run_python"]
@@ -94,11 +95,7 @@ class RunPythonResult(BaseModel):
 
 def parse_args(raw: dict[str, object] | RunPythonArgs, policy: Policy) -> RunPythonArgs:
     """Validate arguments against the schema and the policy's caps."""
-    try:
-        args = raw if isinstance(raw, RunPythonArgs) else RunPythonArgs.model_validate(raw)
-    except ValidationError as exc:
-        detail = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'arguments'}: {e['msg']}" for e in exc.errors())
-        raise InvalidToolArguments(f"run_python: {detail}") from exc
+    args = model_arguments(RunPythonArgs, raw, "run_python")
     run = policy.run
     if args.code is not None and len(args.code.encode("utf-8", "surrogatepass")) > run.inline_code_max_bytes:
         raise InvalidToolArguments(
