@@ -1,4 +1,4 @@
-"""``sandbox-runtime``: doctor, image build, demo, gc, ls.
+"""``sandbox-runtime``: doctor, image build, serve, demo, gc, ls.
 
 Exit codes: 0 success; 1 a check failed or the work did not succeed; 2 bad usage or configuration
 (policy, conversation id); 3 the Docker engine or the executor image is not available.
@@ -14,6 +14,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+from sandbox_runtime.cli_serve import add_serve_parser
 from sandbox_runtime.errors import (
     EngineUnavailable,
     ImageError,
@@ -98,8 +99,7 @@ def cmd_image_build(args: argparse.Namespace) -> int:
 def cmd_demo(args: argparse.Namespace) -> int:
     from sandbox_runtime.demo import run_demo  # noqa: PLC0415
 
-    with _runtime(args) as runtime:
-        return run_demo(runtime, out=sys.stdout)
+    return run_demo(args.state_dir, args.policy, out=sys.stdout)
 
 
 def cmd_gc(args: argparse.Namespace) -> int:
@@ -224,7 +224,10 @@ def build_parser() -> argparse.ArgumentParser:
     build.add_argument("--source", choices=["auto", "registry", "offline"], default="auto")
     build.add_argument("--force", action="store_true", help="rebuild even when the tag exists")
     build.set_defaults(func=cmd_image_build)
-    demo = sub.add_parser("demo", help="play a short scripted conversation")
+    add_serve_parser(sub)
+    demo = sub.add_parser(
+        "demo", help="play a scripted conversation: query, spill, export, report, failure, delegate, attach"
+    )
     demo.set_defaults(func=cmd_demo)
     gc = sub.add_parser(
         "gc", help="remove orphaned, idle and expired sandboxes, and spill, error and argument files past retention"

@@ -24,6 +24,7 @@ import uuid
 from collections import Counter
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -35,10 +36,11 @@ from sandbox_runtime.policy import Policy
 from sandbox_runtime.spill.budget import BudgetCandidate, BudgetDecision, plan_turn_budget
 from sandbox_runtime.spill.failures import spill_error
 from sandbox_runtime.spill.spiller import ResultDescriptor, spill_result, unwrap_result
+from sandbox_runtime.spill.streamed import TableStream
 from sandbox_runtime.state import CallRecord, StateDB, StoredResult
 from sandbox_runtime.tools.base import SpillMode, ToolContext, ToolSpec
 
-__all__ = ["Dispatcher", "HostResult", "ToolCall", "ToolOutcome", "TurnReport"]
+__all__ = ["Dispatcher", "HostResult", "PreparedCall", "ToolCall", "ToolOutcome", "TurnReport"]
 
 logger = logging.getLogger(__name__)
 
@@ -122,6 +124,18 @@ class _Pending(BaseModel):
         return "\n".join(part for part in (shown, self.tail) if part)
 
 
+@dataclass
+class PreparedCall:
+    """One call of a turn between its run and its decision: either ran now (``ran`` and ``pending``) or decided
+    before (``stored``, replayed as it is)."""
+
+    item: ToolCall | HostResult
+    call_id: str
+    ran: Ran | None = None
+    pending: _Pending | None = None
+    stored: StoredResult | None = None
+
+
 class Dispatcher:
     """Runs turns for the conversations of one runtime."""
 
@@ -142,26 +156,60 @@ class Dispatcher:
         self.runner = CallRunner(policy, tools, approver, clock)
 
     def run_turn(
-        self, conversation_id: str, items: Sequence[ToolCall | HostResult], turn_id: str | None = None
+        self,
+        conversation_id: str,
+        items: Sequence[ToolCall | HostResult],
+        turn_id: str | None = None,
+        *,
+        approver: Approver | None = None,
     ) -> TurnReport:
         """Run (or take in) every item, spill, apply the turn budget, store the decisions, and report."""
-        turn_id = turn_id or f"turn-{uuid.uuid4().hex[:16]}"
         calls = [item if item.call_id else item.model_copy(update={"call_id": _new_call_id()}) for item in items]
         ids = [_check_call_id(item.call_id) for item in calls]
         if len(set(ids)) != len(ids):
             raise InvalidToolArguments(f"call ids must be unique within a turn; repeated: {_repeated(ids)}")
         stored = self.state.stored_results(conversation_id, ids)
         ctx = self._context(conversation_id)
-        fresh = [(i, item) for i, item in enumerate(calls) if ids[i] not in stored]
-        runs = self._execute(ctx, [item for _i, item in fresh])
-        pending = {ids[i]: self._spill(ctx, item, ran) for (i, item), ran in zip(fresh, runs, strict=True)}
+        prepared = self._prepare_all(ctx, calls, stored, approver)
+        return self.settle(conversation_id, prepared, turn_id)
+
+    def prepare(
+        self, conversation_id: str, item: ToolCall | HostResult, *, approver: Approver | None = None
+    ) -> PreparedCall:
+        """The first half of a turn, for one call that arrived on its own (an MCP request): run it (or find
+        its stored decision) and spill its result. Its decision is made by :meth:`settle`, together with the
+        other calls of its turn."""
+        if not item.call_id:
+            item = item.model_copy(update={"call_id": _new_call_id()})
+        call_id = _check_call_id(item.call_id)
+        stored = self.state.stored_results(conversation_id, [call_id])
+        return self._prepare_all(self._context(conversation_id), [item], stored, approver)[0]
+
+    def settle(
+        self,
+        conversation_id: str,
+        prepared: Sequence[PreparedCall],
+        turn_id: str | None = None,
+        *,
+        shown_before_chars: int = 0,
+    ) -> TurnReport:
+        """The second half: one sync for the turn's files, the turn budget over all its results (of which
+        ``shown_before_chars`` were already given to the model earlier in the same turn), and the decisions
+        stored before anything is returned."""
+        turn_id = turn_id or f"turn-{uuid.uuid4().hex[:16]}"
+        ids = [p.call_id for p in prepared]
+        if len(set(ids)) != len(ids):
+            raise InvalidToolArguments(f"call ids must be unique within a turn; repeated: {_repeated(ids)}")
+        pending = {p.call_id: p.pending for p in prepared if p.pending is not None}
+        stored = {p.call_id: p.stored for p in prepared if p.stored is not None}
         if any(p.descriptor is not None or p.error_path is not None for p in pending.values()):
-            self._sync(ctx, pending)  # one sync for the turn's files, before their decisions are stored
-        decision = self._budget(ids, stored, pending)
+            self._sync(self._context(conversation_id), pending)  # one sync, before the decisions are stored
+        decision = self._budget(ids, stored, pending, shown_before_chars)
         now = self._clock()
         records = [
-            self._record(conversation_id, turn_id, item, ran, pending[ids[i]])
-            for (i, item), ran in zip(fresh, runs, strict=True)
+            self._record(conversation_id, turn_id, p.item, p.ran, pending[p.call_id])
+            for p in prepared
+            if p.ran is not None
         ]
         kept = self.state.store_results(
             [_to_stored(conversation_id, turn_id, now, p) for p in pending.values()], records
@@ -179,7 +227,7 @@ class Dispatcher:
             total_after_chars=decision.total_after_chars,
             budget_chars=decision.budget_chars,
             over_budget=decision.over_budget,
-            replaced_call_ids=[ids[i] for i in decision.replace],
+            replaced_call_ids=[ids[i] for i in decision.replace if i < len(ids)],
         )
 
     @staticmethod
@@ -193,16 +241,29 @@ class Dispatcher:
                 p.warnings.append(warning)
 
     # ------------------------------------------------------------------------------------------ execute
-    def _execute(self, ctx: ToolContext, items: Sequence[ToolCall | HostResult]) -> list[Ran]:
-        if sum(isinstance(item, ToolCall) for item in items) <= 1:
-            return [self._run_one(ctx, item) for item in items]
-        with ThreadPoolExecutor(max_workers=_PARALLEL_CALLS_MAX, thread_name_prefix="sandbox-runtime-call") as pool:
-            return list(pool.map(lambda item: self._run_one(ctx, item), items))
+    def _prepare_all(
+        self,
+        ctx: ToolContext,
+        items: Sequence[ToolCall | HostResult],
+        stored: dict[str, StoredResult],
+        approver: Approver | None,
+    ) -> list[PreparedCall]:
+        def prepare(item: ToolCall | HostResult) -> PreparedCall:
+            call_id = item.call_id or ""
+            if call_id in stored:
+                return PreparedCall(item=item, call_id=call_id, stored=stored[call_id])
+            ran = self._run_one(ctx, item, approver)
+            return PreparedCall(item=item, call_id=call_id, ran=ran, pending=self._spill(ctx, item, ran))
 
-    def _run_one(self, ctx: ToolContext, item: ToolCall | HostResult) -> Ran:
+        if sum(isinstance(item, ToolCall) and item.call_id not in stored for item in items) <= 1:
+            return [prepare(item) for item in items]
+        with ThreadPoolExecutor(max_workers=_PARALLEL_CALLS_MAX, thread_name_prefix="sandbox-runtime-call") as pool:
+            return list(pool.map(prepare, items))
+
+    def _run_one(self, ctx: ToolContext, item: ToolCall | HostResult, approver: Approver | None) -> Ran:
         if isinstance(item, HostResult):
             return self.runner.host_result(item.tool, item.result, item.is_error)
-        return self.runner.run(ctx, item.call_id or "", item.tool, item.arguments)
+        return self.runner.run(ctx, item.call_id or "", item.tool, item.arguments, approver=approver)
 
     def _record(
         self, conversation_id: str, turn_id: str, item: ToolCall | HostResult, ran: Ran, pending: _Pending
@@ -252,6 +313,7 @@ class Dispatcher:
             )
             pending.body, pending.stand_in, pending.descriptor = spilled.text, spilled.stand_in, spilled.descriptor
             pending.warnings += [spilled.warning] if spilled.warning else []
+            pending.is_error = pending.is_error or spilled.failed is not None
         if pending.descriptor is None and ret.descriptor is not None:
             pending.descriptor = ret.descriptor  # a built file: described like a spill, shown inline in words
         tail = []
@@ -268,6 +330,8 @@ class Dispatcher:
             tail.append(failure.text)
             pending.error_path = failure.error_path
             pending.warnings += [failure.warning] if failure.warning else []
+        if isinstance(ret.content, TableStream):
+            tail += ret.content.notes  # e.g. the rows were cut at a limit
         if ret.note:
             tail.append(ret.note)
         pending.tail = "\n".join(tail)
@@ -275,7 +339,9 @@ class Dispatcher:
             pending.stand_in = None  # already the stand-in: nothing more to give way
         return pending
 
-    def _budget(self, ids: list[str], stored: dict[str, StoredResult], pending: dict[str, _Pending]) -> BudgetDecision:
+    def _budget(
+        self, ids: list[str], stored: dict[str, StoredResult], pending: dict[str, _Pending], shown_before_chars: int
+    ) -> BudgetDecision:
         candidates = []
         for call_id in ids:
             if call_id in pending:
@@ -285,6 +351,8 @@ class Dispatcher:
                 candidates.append(BudgetCandidate(len(p.text()), stand_in, size))
             else:
                 candidates.append(BudgetCandidate(len(stored[call_id].text), None))
+        if shown_before_chars:
+            candidates.append(BudgetCandidate(shown_before_chars, None))  # given earlier: cannot give way
         decision = plan_turn_budget(
             candidates, budget_chars=self.policy.spill.turn_budget_chars, floor_chars=self.policy.spill.turn_floor_chars
         )

@@ -69,7 +69,17 @@ class CallRunner:
             ret = ToolReturn(content=result)
         return Ran(ret=ret, target=tool, expanded=None, source=None, started_at=now, finished_at=now)
 
-    def run(self, ctx: ToolContext, call_id: str, tool: str, arguments: dict[str, Any]) -> Ran:
+    def run(
+        self,
+        ctx: ToolContext,
+        call_id: str,
+        tool: str,
+        arguments: dict[str, Any],
+        *,
+        approver: Approver | None = None,
+    ) -> Ran:
+        """Run one call; ``approver`` (e.g. the MCP client's user, asked by elicitation) takes the place of the
+        runtime's own for this call."""
         started = self._clock()
         target, expanded, source = tool, None, None
         try:
@@ -81,7 +91,7 @@ class CallRunner:
             request = make_request(
                 self.policy.approval, ctx.conversation_id, call_id, target, expanded or arguments, source
             )
-            refusal = judge(self.policy.approval, self.approver, request)
+            refusal = judge(self.policy.approval, approver or self.approver, request)
             if refusal is not None:
                 ret = ToolReturn(
                     is_error=True,

@@ -9,25 +9,29 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import tomllib
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from sandbox_runtime.errors import PolicyError
 
 __all__ = [
     "BUILTIN_POLICY_NAMES",
     "ApprovalPolicy",
+    "McpPolicy",
     "Policy",
     "RunPolicy",
     "SandboxLimits",
     "SandboxPolicy",
     "SpillPolicy",
+    "SqlPolicy",
     "StorePolicy",
     "ToolSpillRule",
     "ToolsPolicy",
+    "UpstreamServer",
     "load_policy",
     "policy_from_mapping",
 ]
@@ -38,6 +42,8 @@ BUILTIN_POLICY_NAMES = ("default", "strict", "gvisor")
 _POLICY_DIR = Path(__file__).resolve().parent / "_data" / "policies"
 
 PositiveInt = Annotated[int, Field(gt=0)]
+PositiveFloat = Annotated[float, Field(gt=0)]
+UPSTREAM_NAME = re.compile(r"[A-Za-z0-9-]+(_[A-Za-z0-9-]+)*")  # tools are exposed as <name>__<tool>
 
 
 class _Model(BaseModel):
@@ -174,6 +180,66 @@ class ApprovalPolicy(_Model):
     )
 
 
+class SqlPolicy(_Model):
+    """The read-only ``sql_query`` tool: offered only when a database is configured."""
+
+    database_path: str | None = Field(
+        None, description="The SQLite file sql_query reads, opened read-only; unset: no sql_query tool."
+    )
+    timeout_s: PositiveFloat = Field(30.0, description="A query running longer is interrupted (a tool error).")
+    rows_max: PositiveInt = Field(
+        1_000_000, description="Most rows one query returns; more are cut with a marker (narrow the query)."
+    )
+    query_max_chars: PositiveInt = Field(100_000, description="Longest SQL text accepted.")
+
+
+class UpstreamServer(_Model):
+    """One upstream MCP server behind the gateway: a stdio command, or a streamable HTTP URL."""
+
+    command: list[str] | None = Field(None, description="Program and arguments started over stdio.")
+    env: dict[str, str] = Field(default_factory=dict, description="Extra environment variables for the command.")
+    url: str | None = Field(None, description="Streamable HTTP endpoint, e.g. http://127.0.0.1:9000/mcp.")
+    token_variable: str | None = Field(
+        None, description="Environment variable whose value is sent as a bearer token to `url`."
+    )
+
+    @model_validator(mode="after")
+    def _one_transport(self) -> UpstreamServer:
+        if (self.command is None) == (self.url is None):
+            raise ValueError("give exactly one of `command` (stdio) or `url` (streamable HTTP)")
+        if self.command is not None and not self.command:
+            raise ValueError("`command` must name a program")
+        return self
+
+
+class McpPolicy(_Model):
+    """The MCP server (``sandbox-runtime serve``) and its gateway to upstream MCP servers."""
+
+    http_host: str = Field("127.0.0.1", description="Address the HTTP transport binds to.")
+    http_port: int = Field(8765, ge=0, le=65535, description="Port of the HTTP transport (0: any free port).")
+    token_variable: str = Field(
+        "SANDBOX_RUNTIME_MCP_TOKEN",
+        description="Environment variable holding the bearer token HTTP clients must send; required when "
+        "`http_host` is not a loopback address.",
+    )
+    upstream_start_timeout_s: PositiveFloat = Field(
+        30.0, description="An upstream server that has not listed its tools by then is reported as down."
+    )
+    upstream_call_timeout_s: PositiveFloat = Field(
+        300.0, description="An upstream call without an answer by then is a tool error; the upstream restarts."
+    )
+    upstreams: dict[str, UpstreamServer] = Field(
+        default_factory=dict, description="Upstream servers by name; their tools appear as <name>__<tool>."
+    )
+
+    @model_validator(mode="after")
+    def _upstream_names(self) -> McpPolicy:
+        for name in self.upstreams:
+            if not UPSTREAM_NAME.fullmatch(name):
+                raise ValueError(f"upstream name {name!r} must match {UPSTREAM_NAME.pattern} (no '__')")
+        return self
+
+
 class Policy(_Model):
     """A whole policy: sandbox, run, store and spill settings."""
 
@@ -184,6 +250,8 @@ class Policy(_Model):
     spill: SpillPolicy = SpillPolicy()
     tools: ToolsPolicy = ToolsPolicy()
     approval: ApprovalPolicy = ApprovalPolicy()
+    sql: SqlPolicy = SqlPolicy()
+    mcp: McpPolicy = McpPolicy()
 
     def digest(self) -> str:
         """A short, stable hash of every value; carried as a container label."""

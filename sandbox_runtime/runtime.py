@@ -208,7 +208,7 @@ class Runtime:
         self.state = StateDB(self.state_dir / "state.sqlite3")
         self.store = ConversationStore(self.state_dir, self.policy)
         self.manager = SandboxManager(backend, self.policy, self.store, self.state, image, extra_labels=extra_labels)
-        self.tools: dict[str, ToolSpec] = builtin_tools()
+        self.tools: dict[str, ToolSpec] = builtin_tools(self.policy)
         self.dispatcher = Dispatcher(self.state, self.policy, self.tools, self._tool_context, approver=approver)
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []

@@ -28,6 +28,12 @@ UNIT_SUFFIXES = (
     "rule",
     "rules",
     "approver",
+    "host",  # an address, not a limit
+    "port",
+    "variable",  # the name of an environment variable
+    "command",
+    "env",
+    "url",
 )
 
 

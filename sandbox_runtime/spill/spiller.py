@@ -82,6 +82,7 @@ class SpillOutcome(BaseModel):
     stand_in: str | None = None
     descriptor: ResultDescriptor | None = None
     warning: str | None = None
+    failed: str | None = None  # a streamed table's rows stopped with this error (what came is kept)
 
 
 def is_mcp_error(result: object) -> bool:
@@ -292,7 +293,10 @@ def _spill_streamed(job: _Job, found: StreamedFile) -> SpillOutcome:
     )
     outcome = _outcome(job, text, descriptor, True)
     if found.ragged:
-        return outcome.model_copy(update={"text": f"{outcome.text}\n[not a table: {found.ragged}]"})
+        outcome = outcome.model_copy(update={"text": f"{outcome.text}\n[not a table: {found.ragged}]"})
+    if found.failed:
+        marker = f"[incomplete: the rows stopped after {found.rows:,} with {found.failed}]"
+        outcome = outcome.model_copy(update={"text": f"{outcome.text}\n{marker}", "failed": found.failed})
     return outcome
 
 

@@ -28,10 +28,15 @@ _HEAD_BYTES = 64 * 1024  # enough for any preview of up to 16,384 characters
 
 @dataclass(frozen=True)
 class TableStream:
-    """A table given as column names and an iterable of rows (each a sequence of JSON-like values)."""
+    """A table given as column names and an iterable of rows (each a sequence of JSON-like values).
+
+    ``notes`` may grow while the rows are read (e.g. "cut at N rows"); the pipeline shows them after the result.
+    An exception the rows raise ends the table there: what was read is kept, and the call is an error.
+    """
 
     columns: Sequence[str]
     rows: Iterable[Sequence[Any]]
+    notes: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -43,6 +48,7 @@ class StreamedFile:
     rows: int
     body: IO[bytes]
     ragged: str | None = None
+    failed: str | None = None  # the rows stopped with an error after `rows` rows
     preview_rows: list[list[Cell]] = field(default_factory=list)
     sha256: str = ""
     size_bytes: int = 0
@@ -88,7 +94,8 @@ def buffer_or_stream(stream: TableStream, threshold_chars: int, preview_rows: in
     kinds: list[set[ColumnType]] = [set() for _ in names]
     buffered: list[list[Cell]] = []
     size = 0
-    rows = iter(stream.rows)
+    failures: list[str] = []
+    rows = _until_failure(stream.rows, failures)
     for raw in rows:
         row = [cell(v) for v in raw]
         buffered.append(row)
@@ -96,7 +103,8 @@ def buffer_or_stream(stream: TableStream, threshold_chars: int, preview_rows: in
         if size >= threshold_chars:
             break
     else:
-        return {"columns": list(names), "rows": buffered}
+        if not failures:
+            return {"columns": list(names), "rows": buffered}
     body = tempfile.TemporaryFile()  # noqa: SIM115  (closed by the caller)
     count, ragged = 0, None
     for row in _chain_rows(buffered, rows):
@@ -113,8 +121,16 @@ def buffer_or_stream(stream: TableStream, threshold_chars: int, preview_rows: in
         rows=count,
         body=body,
         ragged=ragged,
+        failed=failures[0] if failures else None,
         preview_rows=buffered[:preview_rows],
     )
+
+
+def _until_failure(rows: Iterable[Sequence[Any]], failures: list[str]) -> Iterator[Sequence[Any]]:
+    try:
+        yield from rows
+    except Exception as exc:
+        failures.append(f"{type(exc).__name__}: {exc}")
 
 
 def _chain_rows(buffered: list[list[Cell]], rest: Iterator[Sequence[Any]]) -> Iterator[list[Cell]]:

@@ -10,6 +10,7 @@ from typing import Any
 from jsonschema import Draft202012Validator
 
 from sandbox_runtime.errors import InvalidToolArguments, PathNotFound
+from sandbox_runtime.policy import Policy
 from sandbox_runtime.spill.spiller import ResultDescriptor, is_mcp_error, unwrap_result
 from sandbox_runtime.tools.attach import ATTACH_FILE_DESCRIPTION, AttachFileArgs, attach_file
 from sandbox_runtime.tools.base import SpillMode, ToolContext, ToolReturn, ToolSpec, expired_or
@@ -26,6 +27,7 @@ from sandbox_runtime.tools.files import (
 from sandbox_runtime.tools.read_file import READ_FILE_DESCRIPTION, ReadFileArgs, read_file
 from sandbox_runtime.tools.render_table import RENDER_TABLE_DESCRIPTION, RenderTableArgs, render_table
 from sandbox_runtime.tools.run_python import RunPythonArgs, parse_args, run_python
+from sandbox_runtime.tools.sql_query import SQL_QUERY_DESCRIPTION, SqlQueryArgs, sql_query
 
 __all__ = ["builtin_tools", "host_tool"]
 
@@ -139,8 +141,13 @@ def _delegate_call(ctx: ToolContext, args: DelegateCallArgs) -> ToolReturn:
     raise InvalidToolArguments("delegate_call is expanded by the dispatch pipeline, never run directly")
 
 
-def builtin_tools() -> dict[str, ToolSpec]:
-    """Every built-in tool by name, in the stable order ``tools/list`` shows them."""
+def _sql_query(ctx: ToolContext, args: SqlQueryArgs) -> ToolReturn:
+    return ToolReturn(content=sql_query(ctx.policy.sql, args))
+
+
+def builtin_tools(policy: Policy | None = None) -> dict[str, ToolSpec]:
+    """Every built-in tool by name, in the stable order ``tools/list`` shows them; ``sql_query`` when the
+    policy names a database."""
     specs = [
         ToolSpec("run_python", RUN_PYTHON_DESCRIPTION, RunPythonArgs, _run_python),
         ToolSpec("read_file", READ_FILE_DESCRIPTION, ReadFileArgs, _read_file, spill_mode="self_bounded"),
@@ -151,6 +158,8 @@ def builtin_tools() -> dict[str, ToolSpec]:
         ToolSpec("attach_file", ATTACH_FILE_DESCRIPTION, AttachFileArgs, _attach_file),
         ToolSpec("delegate_call", DELEGATE_CALL_DESCRIPTION, DelegateCallArgs, _delegate_call),
     ]
+    if policy is not None and policy.sql.database_path is not None:
+        specs.append(ToolSpec("sql_query", SQL_QUERY_DESCRIPTION, SqlQueryArgs, _sql_query))
     return {spec.name: spec for spec in specs}
 
 

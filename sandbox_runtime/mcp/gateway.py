@@ -1,0 +1,249 @@
+"""The gateway: upstream MCP servers whose tools are re-exposed as ``<upstream>__<tool>`` through the pipeline.
+
+Each upstream (a stdio command or a streamable HTTP URL, from ``[mcp.upstreams.<name>]`` or the command line) is
+kept connected by a supervisor task on the gateway's own event loop thread, so calls work from any thread of
+the runtime. Its tools are registered as host tools of the runtime: every result goes through the spill (the MCP
+wrapper stripped, tables recognised), an upstream ``isError`` stays an error with its full text saved, and
+``delegate_call`` can target them like any tool.
+
+An upstream that dies is noticed at the next call: that call is a tool error saying so, and the upstream is
+started again. A call without an answer within ``mcp.upstream_call_timeout_s`` is a tool error too, and the
+upstream is restarted (a hung server is not trusted again). The gateway itself keeps serving throughout.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import re
+from collections.abc import AsyncIterator, Mapping
+from contextlib import AbstractContextManager, AsyncExitStack, asynccontextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import anyio
+import anyio.from_thread
+import httpx2
+import mcp_types as types
+from anyio.from_thread import BlockingPortal
+from mcp import ClientSession, StdioServerParameters, stdio_client
+from mcp.client.streamable_http import streamable_http_client
+from mcp.shared.exceptions import MCPError
+
+from sandbox_runtime.errors import SandboxRuntimeError
+from sandbox_runtime.policy import McpPolicy, UpstreamServer
+from sandbox_runtime.runtime import Runtime
+
+__all__ = ["Gateway", "UpstreamError", "UpstreamStatus"]
+
+logger = logging.getLogger(__name__)
+
+SEPARATOR = "__"
+_TOOL_NAME = re.compile(r"[a-zA-Z0-9_-]{1,64}")
+_RESTART_BACKOFF_MAX_S = 30.0
+
+
+class UpstreamError(SandboxRuntimeError):
+    """An upstream MCP server is down, died during a call, or did not answer in time; the model reads why."""
+
+
+@dataclass
+class UpstreamStatus:
+    """What ``serve`` reports about one upstream."""
+
+    name: str
+    running: bool
+    tools: list[str]
+    error: str | None
+    starts: int
+
+
+@dataclass
+class _Upstream:
+    name: str
+    config: UpstreamServer
+    start_timeout_s: float
+    call_timeout_s: float
+    session: ClientSession | None = None
+    tools: list[types.Tool] = field(default_factory=list)
+    error: str | None = None
+    starts: int = 0
+    stopping: bool = False
+    _up: anyio.Event | None = None  # set while a session is ready
+    _tried: anyio.Event | None = None  # set after each start attempt
+    _wake: anyio.Event | None = None  # cuts a restart's back-off short
+    _restart: anyio.Event | None = None  # ends the current session
+
+    @asynccontextmanager
+    async def _connect(self) -> AsyncIterator[ClientSession]:
+        async with AsyncExitStack() as stack:
+            if self.config.command is not None:
+                params = StdioServerParameters(
+                    command=self.config.command[0], args=self.config.command[1:], env=dict(self.config.env) or None
+                )
+                streams = await stack.enter_async_context(stdio_client(params))
+            else:
+                assert self.config.url is not None  # noqa: S101  (the policy allows exactly one)
+                headers = {}
+                if self.config.token_variable:
+                    headers["Authorization"] = f"Bearer {os.environ.get(self.config.token_variable, '')}"
+                client = await stack.enter_async_context(httpx2.AsyncClient(headers=headers, timeout=30.0))
+                streams = await stack.enter_async_context(streamable_http_client(self.config.url, http_client=client))
+            session = await stack.enter_async_context(ClientSession(*streams))
+            yield session
+
+    async def supervise(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        self._up, self._tried, self._wake = anyio.Event(), anyio.Event(), anyio.Event()
+        task_status.started()
+        failures = 0
+        while not self.stopping:
+            self._restart = anyio.Event()
+            self.starts += 1
+            try:
+                async with self._connect() as session:
+                    with anyio.fail_after(self.start_timeout_s):
+                        await session.initialize()
+                        listed = await session.list_tools()
+                    self.session, self.tools, self.error, failures = session, list(listed.tools), None, 0
+                    self._up.set()
+                    self._tried.set()
+                    logger.info("upstream %s is up with %d tools", self.name, len(self.tools))
+                    await self._restart.wait()
+            except Exception as exc:  # a failed start or a broken session: reported, then tried again
+                self.error = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+                failures += 1
+                logger.warning("upstream %s: %s", self.name, self.error)
+            finally:
+                self.session = None
+                self._up = anyio.Event()
+            self._tried.set()
+            self._tried = anyio.Event()
+            if failures and not self.stopping:
+                with anyio.move_on_after(min(2.0 ** (failures - 1), _RESTART_BACKOFF_MAX_S)):
+                    await self._wake.wait()
+                self._wake = anyio.Event()
+
+    async def wait_tried(self) -> None:
+        assert self._tried is not None  # noqa: S101  (set by supervise)
+        with anyio.move_on_after(self.start_timeout_s):
+            await self._tried.wait()
+
+    async def call(self, tool: str, arguments: dict[str, Any]) -> dict[str, Any]:
+        if self.session is None and self._wake is not None and self._up is not None:
+            self._wake.set()
+            with anyio.move_on_after(self.start_timeout_s):
+                await self._up.wait()
+        session = self.session
+        if session is None:
+            raise UpstreamError(f"the upstream MCP server {self.name!r} is not running: {self.error or 'starting'}")
+        try:
+            result = await session.call_tool(tool, arguments, read_timeout_seconds=self.call_timeout_s)
+        except MCPError as exc:
+            if exc.code == types.REQUEST_TIMEOUT:
+                self._end_session()
+                raise UpstreamError(
+                    f"the upstream MCP server {self.name!r} did not answer {tool} within "
+                    f"{self.call_timeout_s:g} s; it is being restarted"
+                ) from exc
+            if exc.code == types.CONNECTION_CLOSED:
+                self._end_session()
+                raise UpstreamError(
+                    f"the upstream MCP server {self.name!r} stopped during the call of {tool} ({exc.message}); it is "
+                    f"being restarted: call again if the call is safe to repeat"
+                ) from exc
+            raise UpstreamError(f"the upstream MCP server {self.name!r} refused {tool}: {exc.message}") from exc
+        return result.model_dump(mode="json", by_alias=True, exclude_none=True)
+
+    def _end_session(self) -> None:
+        if self._restart is not None:
+            self._restart.set()
+        if self._wake is not None:
+            self._wake.set()
+
+    def stop(self) -> None:
+        self.stopping = True
+        self._end_session()
+
+
+class Gateway:
+    """Upstream MCP servers, connected on a private event-loop thread; use as a context manager."""
+
+    def __init__(self, policy: McpPolicy, upstreams: Mapping[str, UpstreamServer] | None = None) -> None:
+        configured = dict(policy.upstreams if upstreams is None else upstreams)
+        self._upstreams = {
+            name: _Upstream(name, config, policy.upstream_start_timeout_s, policy.upstream_call_timeout_s)
+            for name, config in configured.items()
+        }
+        self._portal_cm: AbstractContextManager[BlockingPortal] | None = None
+        self._portal: BlockingPortal | None = None
+
+    def start(self) -> list[UpstreamStatus]:
+        """Start every upstream and wait (at most ``upstream_start_timeout_s``) for each to list its tools."""
+        self._portal_cm = anyio.from_thread.start_blocking_portal()
+        self._portal = self._portal_cm.__enter__()
+        for upstream in self._upstreams.values():
+            self._portal.start_task(upstream.supervise)
+        for upstream in self._upstreams.values():
+            self._portal.call(upstream.wait_tried)
+        return self.status()
+
+    def status(self) -> list[UpstreamStatus]:
+        return [
+            UpstreamStatus(u.name, u.session is not None, [t.name for t in u.tools], u.error, u.starts)
+            for u in self._upstreams.values()
+        ]
+
+    def call(self, upstream: str, tool: str, arguments: dict[str, Any]) -> dict[str, Any]:
+        """Call one upstream tool; its ``CallToolResult`` as JSON fields, or :class:`UpstreamError`."""
+        if self._portal is None:
+            raise UpstreamError("the gateway is not started")
+        return self._portal.call(self._upstreams[upstream].call, tool, arguments)
+
+    def register(self, runtime: Runtime) -> list[str]:
+        """Register every listed upstream tool in ``runtime`` as ``<upstream>__<tool>``; return the names."""
+        names = []
+        for upstream in self._upstreams.values():
+            for tool in upstream.tools:
+                name = f"{upstream.name}{SEPARATOR}{tool.name}"
+                if not _TOOL_NAME.fullmatch(name):
+                    logger.warning(
+                        "upstream tool %r of %s cannot be exposed as %r (name rules)", tool.name, upstream.name, name
+                    )
+                    continue
+                runtime.register_tool(
+                    name,
+                    _forward(self, upstream.name, tool.name),
+                    description=f"[{upstream.name}] {tool.description or tool.name}",
+                    input_schema=dict(tool.input_schema),
+                )
+                names.append(name)
+        return names
+
+    def close(self) -> None:
+        """Stop every upstream (their processes end) and the event-loop thread."""
+        if self._portal is None or self._portal_cm is None:
+            return
+        for upstream in self._upstreams.values():
+            with contextlib.suppress(Exception):
+                self._portal.call(_stop, upstream)
+        self._portal_cm.__exit__(None, None, None)
+        self._portal = self._portal_cm = None
+
+    def __enter__(self) -> Gateway:
+        self.start()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+
+async def _stop(upstream: _Upstream) -> None:
+    upstream.stop()
+
+
+def _forward(gateway: Gateway, upstream: str, tool: str) -> Any:
+    def call(arguments: dict[str, Any]) -> dict[str, Any]:
+        return gateway.call(upstream, tool, arguments)
+
+    return call

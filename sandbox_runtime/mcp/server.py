@@ -1,0 +1,264 @@
+"""The MCP server: the runtime's tools (and a gateway's upstream tools) over stdio or streamable HTTP.
+
+Built on the official SDK's low-level server. Every ``tools/call`` goes through the one dispatch pipeline (spill,
+turn budget, stored decision), in a worker thread. What the request's ``_meta`` may carry:
+
+- ``sandbox-runtime/conversation`` — the conversation to use. Without it, a stdio server uses one conversation
+  for its whole process, and an HTTP server one per MCP session (``mcp-<session id>``). A stateless request (the
+  2026-07-28 protocol over HTTP) has no session, so it must name its conversation.
+- ``sandbox-runtime/turn`` — the turn the call belongs to (the per-turn budget is shared by its calls); without
+  it, calls of a conversation that overlap in time form a turn (see :mod:`~sandbox_runtime.turns`).
+- ``sandbox-runtime/call-id`` — the model's own tool-call id: the decision is stored under it, so the host can
+  rebuild its history byte for byte, and the same id is never run twice.
+
+Tool failures are results with ``isError: true``; an unknown tool is a protocol error (invalid params). When the
+policy says ``ask``, the server asks the client's user by elicitation (a form with one yes/no field) showing the
+expanded arguments; a client that cannot be asked gets ``approval.rule_without_approver``.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import logging
+import uuid
+from typing import Any, Literal
+
+import anyio
+import anyio.from_thread
+import anyio.to_thread
+import mcp_types as types
+from mcp.server.context import ServerRequestContext
+from mcp.server.lowlevel import Server
+from mcp.shared.exceptions import MCPError
+from mcp_types.version import MODERN_PROTOCOL_VERSIONS
+
+from sandbox_runtime.approval import ApprovalRequest, Approver
+from sandbox_runtime.dispatch import ToolCall
+from sandbox_runtime.errors import InvalidToolArguments, SandboxRuntimeError
+from sandbox_runtime.mcp.resources import SCHEME, call_result, mime_type, read_resource, result_uri
+from sandbox_runtime.runtime import Runtime
+from sandbox_runtime.store.folders import validate_conversation_id
+from sandbox_runtime.turns import TurnGate
+
+__all__ = ["META_CALL_ID", "META_CONVERSATION", "META_TURN", "McpService"]
+
+logger = logging.getLogger(__name__)
+
+META_CONVERSATION = "sandbox-runtime/conversation"
+META_TURN = "sandbox-runtime/turn"
+META_CALL_ID = "sandbox-runtime/call-id"
+_TURN_WAIT_S = 3600.0  # a finished call waits at most this long for the other calls of its turn
+_RESOURCES_LISTED_MAX = 500
+
+INSTRUCTIONS = (
+    "Tools of sandbox-runtime. Any result over 1,000 characters is saved to a file in /mnt/results and you get "
+    "its path, size, and for tables the row count and column names. Work with paths, not copied data: export a "
+    "result with export_table(source=<path>), draw it with render_table, read it in a run_python script, "
+    "attach a file for the user with attach_file. To filter or aggregate query results, change the query "
+    "(sql_query) rather than reading rows. To send a large value to a tool, write it to a file (write_file or a "
+    "script), then call delegate_call(tool, args_file=<path>) — two steps, the value is never retyped."
+)
+
+Transport = Literal["stdio", "http"]
+
+
+class McpService:
+    """One runtime served over MCP: its tools, its results as resources, approvals by elicitation."""
+
+    def __init__(self, runtime: Runtime, *, transport: Transport, name: str = "sandbox-runtime") -> None:
+        self.runtime = runtime
+        self.transport = transport
+        self.process_conversation = f"mcp-{uuid.uuid4().hex[:16]}"  # stdio: one client per process
+        self.gate = TurnGate(runtime.dispatcher, wait_s=_TURN_WAIT_S)
+        self.server: Server[Any] = Server(
+            name,
+            version=_version(),
+            instructions=INSTRUCTIONS,
+            on_list_tools=self._list_tools,
+            on_call_tool=self._call_tool,
+            on_list_resources=self._list_resources,
+            on_list_resource_templates=self._list_templates,
+            on_read_resource=self._read_resource,
+        )
+
+    # ------------------------------------------------------------------------------------------ tools
+    async def _list_tools(
+        self, ctx: ServerRequestContext[Any], params: types.PaginatedRequestParams | None
+    ) -> types.ListToolsResult:
+        tools = [
+            types.Tool(name=spec.name, description=spec.description, input_schema=spec.input_schema())
+            for spec in self.runtime.tools.values()
+        ]
+        return types.ListToolsResult(tools=tools)
+
+    async def _call_tool(
+        self, ctx: ServerRequestContext[Any], params: types.CallToolRequestParams
+    ) -> types.CallToolResult:
+        if params.name not in self.runtime.tools:
+            known = ", ".join(self.runtime.tools)
+            raise MCPError(code=types.INVALID_PARAMS, message=f"Unknown tool: {params.name}; the tools are: {known}")
+        meta = dict(ctx.meta or {})
+        try:
+            conversation = self.conversation_of(ctx, meta)
+            call_id = meta.get(META_CALL_ID)
+            turn = meta.get(META_TURN)
+            item = ToolCall(
+                tool=params.name,
+                arguments=dict(params.arguments or {}),
+                call_id=None if call_id is None else str(call_id),
+            )
+            approver = self._approver(ctx)
+            run = functools.partial(
+                self.gate.run, conversation, item, turn_id=None if turn is None else str(turn), approver=approver
+            )
+            outcome, _report = await anyio.to_thread.run_sync(run)
+        except InvalidToolArguments as exc:
+            return _error_result(f"{type(exc).__name__}: {exc}")
+        except SandboxRuntimeError as exc:
+            logger.warning("tools/call %s failed in the runtime: %s", params.name, exc)
+            return _error_result(f"The runtime could not run {params.name}: {type(exc).__name__}: {exc}")
+        fields = call_result(outcome, conversation, self.runtime.policy.sandbox.results_mount_path)
+        return types.CallToolResult.model_validate(fields)
+
+    def conversation_of(self, ctx: ServerRequestContext[Any], meta: dict[str, Any]) -> str:
+        """The conversation a request belongs to (see the module text)."""
+        named = meta.get(META_CONVERSATION)
+        if named is not None:
+            return validate_conversation_id(named)
+        session_id = _session_id(ctx)
+        if session_id:
+            return validate_conversation_id("mcp-" + "".join(c for c in session_id if c.isalnum() or c in "-_")[:60])
+        if self.transport == "stdio":
+            return self.process_conversation
+        raise InvalidToolArguments(
+            f"this request has no MCP session (a stateless HTTP request): name the conversation in "
+            f"_meta[{META_CONVERSATION!r}]"
+        )
+
+    def _approver(self, ctx: ServerRequestContext[Any]) -> Approver | None:
+        capabilities = ctx.session.client_capabilities
+        if capabilities is None or capabilities.elicitation is None:
+            return None  # the policy's rule_without_approver decides
+        if ctx.protocol_version in MODERN_PROTOCOL_VERSIONS:
+            return None  # the 2026-07-28 protocol has no server-to-client requests
+        fallback = self.runtime.policy.approval.rule_without_approver
+
+        def ask(request: ApprovalRequest) -> bool | str:
+            elicit = functools.partial(
+                ctx.session.elicit_form, related_request_id=ctx.request_id
+            )  # the question travels on this call's own stream (needed over HTTP)
+            try:
+                answer = anyio.from_thread.run(elicit, _approval_message(request), _APPROVAL_SCHEMA)
+            except MCPError as exc:
+                logger.info("elicitation failed (%s); approval.rule_without_approver = %s", exc, fallback)
+                return True if fallback == "allow" else f"the client could not be asked for approval ({exc})"
+            if answer.action == "accept" and (answer.content or {}).get("approve") is True:
+                return True
+            if answer.action == "cancel":
+                return "the user cancelled the approval"
+            return "the user declined the call"
+
+        return ask
+
+    # ------------------------------------------------------------------------------------------ resources
+    async def _list_resources(
+        self, ctx: ServerRequestContext[Any], params: types.PaginatedRequestParams | None
+    ) -> types.ListResourcesResult:
+        try:
+            conversation = self.conversation_of(ctx, dict(ctx.meta or {}))
+        except InvalidToolArguments:
+            return types.ListResourcesResult(resources=[])
+        return types.ListResourcesResult(resources=await anyio.to_thread.run_sync(self._resources, conversation))
+
+    def _resources(self, conversation: str) -> list[types.Resource]:
+        state = self.runtime.state
+        if state.conversation(conversation) is None:
+            return []
+        mount = self.runtime.policy.sandbox.results_mount_path
+        listed: list[types.Resource] = []
+        for decision in reversed(state.stored_results(conversation).values()):
+            if decision.descriptor is None or len(listed) >= _RESOURCES_LISTED_MAX:
+                continue
+            d = json.loads(decision.descriptor)
+            listed.append(
+                types.Resource(
+                    uri=result_uri(conversation, d["path"], mount),
+                    name=d["path"].rsplit("/", 1)[-1],
+                    mime_type=mime_type(d["path"], d.get("format")),
+                    size=d.get("bytes"),
+                    description=f"{decision.tool} result of call {decision.call_id}",
+                )
+            )
+        return listed
+
+    async def _list_templates(
+        self, ctx: ServerRequestContext[Any], params: types.PaginatedRequestParams | None
+    ) -> types.ListResourceTemplatesResult:
+        templates = [
+            types.ResourceTemplate(
+                uri_template=f"{SCHEME}://conversations/{{conversation}}/results/{{+path}}",
+                name="results-file",
+                description="A file of a conversation's results folder (path relative to /mnt/results).",
+            ),
+            types.ResourceTemplate(
+                uri_template=f"{SCHEME}://conversations/{{conversation}}/attachments/{{attachment_id}}",
+                name="attachment",
+                description="A file attach_file gave the user.",
+            ),
+        ]
+        return types.ListResourceTemplatesResult(resource_templates=templates)
+
+    async def _read_resource(
+        self, ctx: ServerRequestContext[Any], params: types.ReadResourceRequestParams
+    ) -> types.ReadResourceResult:
+        uri = str(params.uri)
+        try:
+            found = await anyio.to_thread.run_sync(read_resource, self.runtime, uri)
+        except (SandboxRuntimeError, OSError) as exc:
+            raise MCPError(
+                code=types.INVALID_PARAMS, message=f"{type(exc).__name__}: {exc}", data={"uri": uri}
+            ) from exc
+        return types.ReadResourceResult.model_validate({"contents": [found.contents()]})
+
+
+_APPROVAL_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "approve": {"type": "boolean", "title": "Run this call?", "description": "Yes runs it exactly as shown."}
+    },
+    "required": ["approve"],
+}
+
+
+def _approval_message(request: ApprovalRequest) -> str:
+    shown = request.arguments_json
+    if not request.complete:
+        shown += (
+            f"\n… (cut: {request.arguments_chars:,} characters in all; the whole is in {request.source})"
+            if request.source
+            else f"\n… (cut: {request.arguments_chars:,} characters in all)"
+        )
+    return f"Approve a call of {request.tool}? {request.summary}\nArguments that will be sent:\n{shown}"
+
+
+def _error_result(text: str) -> types.CallToolResult:
+    return types.CallToolResult(content=[types.TextContent(text=text)], is_error=True)
+
+
+def _session_id(ctx: ServerRequestContext[Any]) -> str | None:
+    request = getattr(ctx, "request", None)
+    headers = getattr(request, "headers", None)
+    if headers is None:
+        return None
+    value = headers.get("mcp-session-id")
+    return str(value) if value else None
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version  # noqa: PLC0415
+
+    try:
+        return version("sandbox-runtime")
+    except PackageNotFoundError:
+        return "0"

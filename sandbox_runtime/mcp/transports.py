@@ -1,0 +1,117 @@
+"""Serving an :class:`~sandbox_runtime.mcp.server.McpService`: stdio, or streamable HTTP behind a bearer token.
+
+HTTP binds to 127.0.0.1 by default (the SDK then also checks Host and Origin headers against DNS rebinding).
+Bound to any other address it refuses to start without a token; with a token, every request must carry
+``Authorization: Bearer <token>`` (compared in constant time) or gets 401.
+"""
+
+from __future__ import annotations
+
+import hmac
+import ipaddress
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import anyio
+import uvicorn
+from mcp.server.runner import serve_loop
+from mcp.server.stdio import stdio_server
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from sandbox_runtime.errors import PolicyError
+from sandbox_runtime.mcp.server import McpService
+
+__all__ = ["BearerTokenAuth", "is_loopback", "serve_http", "serve_stdio"]
+
+logger = logging.getLogger(__name__)
+
+MCP_HTTP_PATH = "/mcp"
+
+
+class BearerTokenAuth:
+    """ASGI middleware: a request without ``Authorization: Bearer <token>`` gets 401 and goes no further."""
+
+    def __init__(self, app: ASGIApp, token: str) -> None:
+        self.app = app
+        self._expected = f"Bearer {token}".encode()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            given = dict(scope["headers"]).get(b"authorization", b"")
+            if not hmac.compare_digest(given, self._expected):
+                body = b'{"error":"invalid_token","error_description":"a bearer token is required"}'
+                headers = [
+                    (b"content-type", b"application/json"),
+                    (b"content-length", str(len(body)).encode()),
+                    (b"www-authenticate", b'Bearer error="invalid_token"'),
+                ]
+                await send({"type": "http.response.start", "status": 401, "headers": headers})
+                await send({"type": "http.response.body", "body": body})
+                return
+        await self.app(scope, receive, send)
+
+
+def is_loopback(host: str) -> bool:
+    """True for 127.0.0.0/8, ::1 and ``localhost``."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def serve_stdio(service: McpService) -> None:
+    """Serve one client on stdin/stdout until it disconnects.
+
+    Only the handshake era (2025-06-18 … 2025-11-25) is served, so a client that probes for the stateless
+    2026-07-28 protocol falls back to ``initialize`` — and approvals can be asked by elicitation.
+    """
+    server = service.server
+
+    async def main() -> None:
+        async with stdio_server() as (read_stream, write_stream), server.lifespan(server) as state:
+            options = server.create_initialization_options()
+            await serve_loop(server, read_stream, write_stream, lifespan_state=state, init_options=options)
+
+    anyio.run(main)
+
+
+def http_app(service: McpService, host: str, token: str | None) -> Any:
+    """The ASGI app: the SDK's streamable HTTP endpoint at ``/mcp``, behind the token when one is given."""
+    if token is None and not is_loopback(host):
+        raise PolicyError(
+            f"serving MCP over HTTP on {host} (not a loopback address) needs a bearer token: set the variable "
+            f"named by mcp.token_variable ({service.runtime.policy.mcp.token_variable})"
+        )
+    app: ASGIApp = service.server.streamable_http_app(streamable_http_path=MCP_HTTP_PATH, host=host)
+    return app if token is None else BearerTokenAuth(app, token)
+
+
+def serve_http(
+    service: McpService,
+    *,
+    host: str,
+    port: int,
+    token: str | None,
+    on_ready: Callable[[str], None] | None = None,
+) -> None:
+    """Serve streamable HTTP until interrupted; ``on_ready`` gets the endpoint URL once the port is bound."""
+    server = uvicorn.Server(
+        uvicorn.Config(http_app(service, host, token), host=host, port=port, log_level="warning", lifespan="on")
+    )
+
+    async def main() -> None:
+        async with anyio.create_task_group() as tasks:
+            tasks.start_soon(server.serve)
+            while not server.started:
+                if server.should_exit:
+                    return
+                await anyio.sleep(0.02)
+            bound = server.servers[0].sockets[0].getsockname()
+            shown = f"[{bound[0]}]" if ":" in bound[0] else bound[0]
+            if on_ready is not None:
+                on_ready(f"http://{shown}:{bound[1]}{MCP_HTTP_PATH}")
+
+    anyio.run(main)

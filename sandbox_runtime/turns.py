@@ -1,0 +1,114 @@
+"""Turns for calls that arrive one by one (MCP requests): which calls share the per-turn budget.
+
+A host that sends a batch as one turn says so with a turn id (over MCP: ``_meta["sandbox-runtime/turn"]``).
+Without one, calls that *overlap in time* in the same conversation form a turn: a call that arrives while another
+is still running joins it. Each call runs and spills as soon as it arrives; its decision waits until every call of
+its group has finished, then the budget is planned over the group at once (largest first) and each call gets its
+answer. Calls of a turn id that arrive after a group was decided still count what that turn already showed, so a
+turn split over several groups stays within one budget (remembered for the last ``_TURNS_REMEMBERED`` turn ids
+of this process).
+"""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from collections import OrderedDict
+from dataclasses import dataclass, field
+
+from sandbox_runtime.approval import Approver
+from sandbox_runtime.dispatch import Dispatcher, HostResult, PreparedCall, ToolCall, ToolOutcome, TurnReport
+from sandbox_runtime.errors import InvalidToolArguments, SandboxRuntimeError
+
+__all__ = ["TurnGate"]
+
+_TURNS_REMEMBERED = 4096
+_TURN_ID_MAX_CHARS = 200
+
+
+@dataclass
+class _Group:
+    turn_id: str
+    running: int = 0
+    ready: list[PreparedCall] = field(default_factory=list)
+    done: threading.Event = field(default_factory=threading.Event)
+    report: TurnReport | None = None
+    failure: BaseException | None = None
+
+
+class TurnGate:
+    """Groups single calls into turns (see the module text) and runs them through one dispatcher."""
+
+    def __init__(self, dispatcher: Dispatcher, *, wait_s: float) -> None:
+        self._dispatcher = dispatcher
+        self._wait_s = wait_s  # the longest a finished call waits for the others of its group
+        self._lock = threading.Lock()
+        self._open: dict[tuple[str, str | None], _Group] = {}
+        self._shown: OrderedDict[tuple[str, str], int] = OrderedDict()
+
+    def run(
+        self,
+        conversation_id: str,
+        item: ToolCall | HostResult,
+        *,
+        turn_id: str | None = None,
+        approver: Approver | None = None,
+    ) -> tuple[ToolOutcome, TurnReport]:
+        """Run one call as part of its turn; return its outcome and the report of the group it was decided in."""
+        if turn_id is not None and not 0 < len(turn_id) <= _TURN_ID_MAX_CHARS:
+            raise InvalidToolArguments(f"a turn id must be 1 to {_TURN_ID_MAX_CHARS} characters")
+        key = (conversation_id, turn_id)
+        with self._lock:
+            group = self._open.get(key)
+            if group is None:
+                group = self._open[key] = _Group(turn_id or f"turn-{uuid.uuid4().hex[:16]}")
+            group.running += 1
+        try:
+            prepared = self._dispatcher.prepare(conversation_id, item, approver=approver)
+        except BaseException:
+            if self._finish(key, group, None):
+                self._settle(conversation_id, turn_id, group)  # the others of the group still get decided
+            raise
+        if self._finish(key, group, prepared):
+            self._settle(conversation_id, turn_id, group)
+        elif not group.done.wait(self._wait_s):
+            raise SandboxRuntimeError(f"the other calls of turn {group.turn_id} did not finish in {self._wait_s:g} s")
+        if group.failure is not None:
+            raise group.failure
+        assert group.report is not None  # noqa: S101  (set by _settle, which had this call's result)
+        outcome = next(o for o in group.report.outcomes if o.call_id == prepared.call_id)
+        return outcome, group.report
+
+    def _finish(self, key: tuple[str, str | None], group: _Group, prepared: PreparedCall | None) -> bool:
+        """Count one call of the group as finished; True for the last one, which decides for all."""
+        with self._lock:
+            group.running -= 1
+            if prepared is not None:
+                group.ready.append(prepared)
+            if group.running:
+                return False
+            if self._open.get(key) is group:
+                del self._open[key]  # later calls start a new group
+            return True
+
+    def _settle(self, conversation_id: str, turn_id: str | None, group: _Group) -> None:
+        try:
+            if group.ready:
+                shown_before = self._shown.get((conversation_id, turn_id), 0) if turn_id else 0
+                group.report = self._dispatcher.settle(
+                    conversation_id, group.ready, group.turn_id, shown_before_chars=shown_before
+                )
+                if turn_id is not None:
+                    self._remember(conversation_id, turn_id, group.report.total_after_chars)
+        except BaseException as exc:
+            group.failure = exc
+            raise
+        finally:
+            group.done.set()
+
+    def _remember(self, conversation_id: str, turn_id: str, total_chars: int) -> None:
+        with self._lock:
+            self._shown[(conversation_id, turn_id)] = total_chars
+            self._shown.move_to_end((conversation_id, turn_id))
+            while len(self._shown) > _TURNS_REMEMBERED:
+                self._shown.popitem(last=False)

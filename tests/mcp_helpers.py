@@ -1,0 +1,101 @@
+"""Helpers for tests that drive ``sandbox-runtime serve`` with the MCP SDK's own client."""
+
+from __future__ import annotations
+
+import os
+import queue
+import subprocess
+import sys
+import threading
+from collections.abc import Awaitable, Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, TypeVar
+
+import anyio
+import mcp_types as types
+from mcp import StdioServerParameters
+
+T = TypeVar("T")
+SERVE_START_S = 60.0
+SCENARIO_S = 300.0
+
+
+def run_bounded(scenario: Callable[..., Awaitable[T]], *args: Any, limit_s: float = SCENARIO_S) -> T:
+    """Run an async scenario to its end, failing it after ``limit_s`` seconds."""
+
+    async def bounded() -> T:
+        with anyio.fail_after(limit_s):
+            return await scenario(*args)
+
+    return anyio.run(bounded)
+
+
+def serve_command(state_dir: Path, *serve_args: str, policy: Path | None = None) -> list[str]:
+    """The command line of ``sandbox-runtime serve`` run by this interpreter."""
+    command = [sys.executable, "-m", "sandbox_runtime.cli", "--state-dir", str(state_dir)]
+    if policy is not None:
+        command += ["--policy", str(policy)]
+    return [*command, "serve", *serve_args]
+
+
+def stdio_params(state_dir: Path, *serve_args: str, policy: Path | None = None) -> StdioServerParameters:
+    command = serve_command(state_dir, *serve_args, policy=policy)
+    return StdioServerParameters(command=command[0], args=command[1:], env={"PATH": os.environ.get("PATH", "")})
+
+
+@contextmanager
+def http_server(state_dir: Path, *serve_args: str, env: dict[str, str] | None = None) -> Iterator[str]:
+    """``serve --http 127.0.0.1:0`` in a subprocess; yields the endpoint URL it printed; stops it by pid."""
+    command = serve_command(state_dir, "--http", "127.0.0.1:0", *serve_args)
+    process = subprocess.Popen(
+        command,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, **(env or {})},
+    )
+    lines: queue.Queue[str | None] = queue.Queue()
+
+    def pump() -> None:
+        assert process.stderr is not None
+        for line in process.stderr:
+            sys.stderr.write(f"[serve] {line}")
+            lines.put(line)
+        lines.put(None)
+
+    reader = threading.Thread(target=pump, daemon=True)
+    reader.start()
+    try:
+        url = None
+        while url is None:
+            line = lines.get(timeout=SERVE_START_S)
+            if line is None:
+                raise AssertionError(f"serve exited with {process.wait(timeout=10)} before it was ready")
+            if line.startswith("serving MCP at "):
+                url = line.removeprefix("serving MCP at ").strip()
+        yield url
+    finally:
+        process.terminate()
+        try:
+            process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(timeout=10)
+        reader.join(timeout=10)
+        assert process.stderr is not None
+        process.stderr.close()
+
+
+def text_of(result: types.CallToolResult) -> str:
+    return "\n".join(block.text for block in result.content if isinstance(block, types.TextContent))
+
+
+def links_of(result: types.CallToolResult) -> list[types.ResourceLink]:
+    return [block for block in result.content if isinstance(block, types.ResourceLink)]
+
+
+def structured(result: types.CallToolResult) -> dict[str, Any]:
+    assert isinstance(result.structured_content, dict)
+    return result.structured_content

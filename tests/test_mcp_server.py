@@ -1,0 +1,251 @@
+"""The MCP server, driven by the official SDK's client over stdio and streamable HTTP (never by its handlers)."""
+
+from __future__ import annotations
+
+import base64
+import io
+import re
+from pathlib import Path
+from typing import Any
+
+import httpx2
+import mcp_types as types
+import openpyxl
+import pytest
+from mcp import Client
+from mcp.client.session import ClientRequestContext
+from mcp.client.streamable_http import streamable_http_client
+from mcp.shared.exceptions import MCPError
+
+from sandbox_runtime.sample_data import SAMPLE_ORDER_COLUMNS, make_sample_database
+from tests.conftest import RuntimeFactory
+from tests.mcp_helpers import http_server, links_of, run_bounded, stdio_params, structured, text_of
+
+BUILTIN_TOOLS = [
+    "run_python",
+    "read_file",
+    "write_file",
+    "edit_file",
+    "export_table",
+    "render_table",
+    "attach_file",
+    "delegate_call",
+]
+XLSX = "application/vnd.openxmlformats-officedocument.spreadsheetml.sheet"
+
+
+class Elicitations:
+    """A client user who answers approval forms, and remembers what was asked."""
+
+    def __init__(self, approve: bool) -> None:
+        self.approve = approve
+        self.messages: list[str] = []
+
+    async def __call__(self, context: ClientRequestContext, params: types.ElicitRequestParams) -> types.ElicitResult:
+        assert isinstance(params, types.ElicitRequestFormParams)
+        assert params.requested_schema["required"] == ["approve"]
+        self.messages.append(params.message)
+        if self.approve:
+            return types.ElicitResult(action="accept", content={"approve": True})
+        return types.ElicitResult(action="decline")
+
+
+@pytest.fixture
+def database(tmp_path: Path) -> Path:
+    return make_sample_database(tmp_path / "shop.sqlite3", rows=360)
+
+
+@pytest.fixture
+def ask_before_attaching(tmp_path: Path) -> Path:
+    policy = tmp_path / "ask.toml"
+    policy.write_text('name = "ask"\n[approval.tool_rules]\nattach_file = "ask"\n')
+    return policy
+
+
+async def query_export_attach(client: Client, user: Elicitations) -> dict[str, Any]:
+    """The path-first walk every client should manage: query → spill → export from the path → attach."""
+    queried = await client.call_tool("sql_query", {"query": "SELECT * FROM orders ORDER BY order_id"})
+    assert not queried.is_error, text_of(queried)
+    spill = structured(queried)["descriptor"]
+    assert (spill["rows"], spill["columns"], spill["format"]) == (360, list(SAMPLE_ORDER_COLUMNS), "table")
+    assert spill["path"] in text_of(queried)
+    (link,) = links_of(queried)
+    assert (link.size, link.mime_type) == (spill["bytes"], "application/jsonl")
+    read = (await client.read_resource(link.uri)).contents[0]
+    assert isinstance(read, types.TextResourceContents)
+    assert len(read.text.splitlines()) == 1 + 360
+
+    exported = await client.call_tool(
+        "export_table",
+        {
+            "source": spill["path"],
+            "format": "xlsx",
+            "columns": ["order_id", "customer", "total"],
+            "sort": {"column": "total", "direction": "desc"},
+            "filename": "top-orders.xlsx",
+        },
+    )
+    assert not exported.is_error, text_of(exported)
+    export = structured(exported)["descriptor"]
+    (xlsx_link,) = links_of(exported)
+    assert (xlsx_link.mime_type, xlsx_link.size) == (XLSX, export["bytes"])
+    blob = (await client.read_resource(xlsx_link.uri)).contents[0]
+    assert isinstance(blob, types.BlobResourceContents)
+    sheet = openpyxl.load_workbook(io.BytesIO(base64.b64decode(blob.blob)), read_only=True).active
+    assert sheet is not None
+    rows = list(sheet.iter_rows(values_only=True))
+    assert rows[0] == ("order_id", "customer", "total")
+    assert len(rows) == 361
+    totals = [r[2] for r in rows[1:]]
+    assert totals == sorted(totals, reverse=True)
+
+    attached = await client.call_tool("attach_file", {"path": export["path"]})
+    assert user.messages
+    assert export["path"] in user.messages[-1]
+    return {"attached": attached, "xlsx": base64.b64decode(blob.blob)}
+
+
+def test_a_client_over_stdio_walks_query_export_attach_with_an_approval(
+    runtime_factory: RuntimeFactory, tmp_path: Path, database: Path, ask_before_attaching: Path
+) -> None:
+    state = tmp_path / "state"
+    user = Elicitations(approve=True)
+    params = stdio_params(state, "--database", str(database), policy=ask_before_attaching)
+
+    async def scenario() -> None:  # the SDK's default mode: it probes for 2026-07-28 and falls back
+        async with Client(params, elicitation_callback=user, read_timeout_seconds=120) as client:
+            assert client.protocol_version == "2025-11-25"
+            listed = [t.name for t in (await client.list_tools()).tools]
+            assert listed == [*BUILTIN_TOOLS, "sql_query"]
+            assert listed == [t.name for t in (await client.list_tools()).tools]  # a stable order
+            assert all(re.fullmatch(r"[a-zA-Z0-9_-]{1,64}", name) for name in listed)
+
+            walked = await query_export_attach(client, user)
+            attached = walked["attached"]
+            assert not attached.is_error, text_of(attached)
+            (download,) = links_of(attached)
+            assert download.uri.split("/")[-2] == "attachments"
+            kept = (await client.read_resource(download.uri)).contents[0]
+            assert isinstance(kept, types.BlobResourceContents)
+            assert base64.b64decode(kept.blob) == walked["xlsx"]
+
+            failed = await client.call_tool("run_python", {"code": "import json\njson.loads('{broken')\n"})
+            assert failed.is_error
+            assert "JSONDecodeError" in text_of(failed)
+            (error_link,) = links_of(failed)
+            assert "/errors/" in error_link.uri
+            full = (await client.read_resource(error_link.uri)).contents[0]
+            assert isinstance(full, types.TextResourceContents)
+            assert "Traceback" in full.text
+
+            with pytest.raises(MCPError, match="Unknown tool: no_such_tool"):
+                await client.call_tool("no_such_tool", {})
+            bad = await client.call_tool("read_file", {"path": "/etc/passwd"})
+            assert bad.is_error
+            assert "PathOutsideResults" in text_of(bad)
+
+    run_bounded(scenario)
+    runtime_factory(state_dir=state)  # removes the conversation's sandbox and files afterwards
+
+
+def test_a_declined_approval_is_a_tool_error_and_nothing_is_attached(
+    runtime_factory: RuntimeFactory, tmp_path: Path, database: Path, ask_before_attaching: Path
+) -> None:
+    state = tmp_path / "state"
+    user = Elicitations(approve=False)
+    params = stdio_params(state, "--database", str(database), policy=ask_before_attaching)
+
+    async def scenario() -> None:
+        async with Client(params, mode="legacy", elicitation_callback=user, read_timeout_seconds=120) as client:
+            walked = await query_export_attach(client, user)
+            assert walked["attached"].is_error
+            assert "declined" in text_of(walked["attached"])
+            assert ["errors" in link.uri for link in links_of(walked["attached"])] == [True]  # no download
+
+    run_bounded(scenario)
+    runtime = runtime_factory(state_dir=state)
+    (record,) = runtime.state.conversations()
+    assert runtime.conversation(record.id).attachments() == []
+
+
+def test_a_client_without_elicitation_gets_the_policys_fallback(
+    runtime_factory: RuntimeFactory, tmp_path: Path, ask_before_attaching: Path
+) -> None:
+    state = tmp_path / "state"
+
+    async def scenario() -> None:
+        async with Client(stdio_params(state, policy=ask_before_attaching), mode="legacy") as client:
+            await client.call_tool("write_file", {"path": "/mnt/results/note.txt", "content": "hello"})
+            refused = await client.call_tool("attach_file", {"path": "/mnt/results/note.txt"})
+            assert refused.is_error
+            assert "no approver is available" in text_of(refused)
+
+    run_bounded(scenario)
+    runtime_factory(state_dir=state)
+
+
+async def _http_client_calls(url: str, token: str) -> dict[str, Any]:
+    async with httpx2.AsyncClient(headers={"Authorization": f"Bearer {token}"}, timeout=120) as http:
+        seen: dict[str, Any] = {}
+        async with Client(streamable_http_client(url, http_client=http), mode="legacy") as first:
+            wrote = await first.call_tool("write_file", {"path": "/mnt/results/a.txt", "content": "from the first"})
+            seen["first"] = structured(wrote)["conversation_id"]
+            big = await first.call_tool("run_python", {"code": "print('row,' * 2000)"})
+            seen["big"] = structured(big)
+            (link,) = links_of(big)
+            contents = (await first.read_resource(link.uri)).contents[0]
+            assert isinstance(contents, types.TextResourceContents)
+            seen["big_text"] = contents.text
+        async with Client(streamable_http_client(url, http_client=http), mode="legacy") as second:
+            read = await second.call_tool("read_file", {"path": "/mnt/results/a.txt"})
+            seen["second"] = structured(read)["conversation_id"]
+            seen["second_read"] = read
+            named = await second.call_tool(
+                "read_file",
+                {"path": "/mnt/results/a.txt"},
+                meta={"sandbox-runtime/conversation": seen["first"], "sandbox-runtime/call-id": "host-call-7"},
+            )
+            seen["named"] = named
+        return seen
+
+
+def test_http_needs_the_token_and_gives_each_session_its_own_conversation(
+    runtime_factory: RuntimeFactory, tmp_path: Path
+) -> None:
+    state = tmp_path / "state"
+    token = "t0ken-" + "x" * 26
+    with http_server(state, env={"SANDBOX_RUNTIME_MCP_TOKEN": token}) as url:
+        assert url.startswith("http://127.0.0.1:")
+        assert url.endswith("/mcp")
+        initialize = {
+            "jsonrpc": "2.0",
+            "id": 1,
+            "method": "initialize",
+            "params": {
+                "protocolVersion": "2025-06-18",
+                "capabilities": {},
+                "clientInfo": {"name": "t", "version": "0"},
+            },
+        }
+        accept = {"Accept": "application/json, text/event-stream"}
+        assert httpx2.post(url, json=initialize, headers=accept, timeout=30).status_code == 401
+        wrong = {**accept, "Authorization": "Bearer wrong"}
+        assert httpx2.post(url, json=initialize, headers=wrong, timeout=30).status_code == 401
+        good = {**accept, "Authorization": f"Bearer {token}"}
+        answer = httpx2.post(url, json=initialize, headers=good, timeout=30)
+        assert answer.status_code == 200
+        assert '"protocolVersion":"2025-06-18"' in answer.text.replace(" ", "")
+
+        seen = run_bounded(_http_client_calls, url, token)
+
+    assert seen["first"] != seen["second"]  # one conversation per MCP session
+    assert seen["second_read"].is_error
+    assert "PathNotFound" in text_of(seen["second_read"])
+    assert not seen["named"].is_error
+    assert "from the first" in text_of(seen["named"])
+    assert structured(seen["named"])["call_id"] == "host-call-7"
+    assert seen["big"]["descriptor"]["chars"] >= 8000
+    assert seen["big_text"].startswith("row,row,")
+    runtime = runtime_factory(state_dir=state)
+    decided = {d.call_id: d for d in runtime.conversation(seen["first"]).decisions()}
+    assert decided["host-call-7"].text == text_of(seen["named"])  # history can replay it byte for byte
