@@ -41,8 +41,26 @@ def _progress(line: str) -> None:
     print(f"  {line[:160]}", file=sys.stderr, flush=True)
 
 
+def labels(args: argparse.Namespace) -> dict[str, str]:
+    """The ``--label KEY=VALUE`` flags as a mapping (added to every sandbox the command starts)."""
+    found = {}
+    for value in args.label:
+        key, sep, text = value.partition("=")
+        if not sep or not key:
+            raise ValueError(f"--label takes KEY=VALUE; got {value!r}")
+        found[key] = text
+    return found
+
+
 def _runtime(args: argparse.Namespace, *, sweep: bool = True) -> Runtime:
-    return Runtime(args.state_dir, args.policy, sweep_on_start=sweep, reap_interval_s=None, retention_interval_s=None)
+    return Runtime(
+        args.state_dir,
+        args.policy,
+        sweep_on_start=sweep,
+        reap_interval_s=None,
+        retention_interval_s=None,
+        extra_labels=labels(args),
+    )
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:
@@ -99,7 +117,7 @@ def cmd_image_build(args: argparse.Namespace) -> int:
 def cmd_demo(args: argparse.Namespace) -> int:
     from sandbox_runtime.demo import run_demo  # noqa: PLC0415
 
-    return run_demo(args.state_dir, args.policy, out=sys.stdout)
+    return run_demo(args.state_dir, args.policy, out=sys.stdout, extra_labels=labels(args))
 
 
 def cmd_gc(args: argparse.Namespace) -> int:
@@ -214,6 +232,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--policy", default="default", help="default, strict, gvisor, or a TOML file path")
     parser.add_argument("-v", "--verbose", action="store_true", help="log what happens (to stderr)")
+    parser.add_argument(
+        "--label",
+        metavar="KEY=VALUE",
+        action="append",
+        default=[],
+        help="a container label added to every sandbox this command starts (e.g. for your own monitoring)",
+    )
     sub = parser.add_subparsers(dest="command", required=True)
     doctor = sub.add_parser("doctor", help="start a canary sandbox and show that every protection is in force")
     doctor.add_argument("--json", action="store_true")

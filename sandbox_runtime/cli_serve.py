@@ -45,6 +45,7 @@ def serve_policy(args: argparse.Namespace) -> Policy:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
+    from sandbox_runtime.cli import labels  # noqa: PLC0415
     from sandbox_runtime.mcp.gateway import Gateway  # noqa: PLC0415  (the MCP SDK loads only for serve)
     from sandbox_runtime.mcp.server import McpService  # noqa: PLC0415
     from sandbox_runtime.mcp.transports import serve_http, serve_stdio  # noqa: PLC0415
@@ -52,7 +53,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     policy = serve_policy(args)
     token = os.environ.get(policy.mcp.token_variable) or None
-    with Runtime(args.state_dir, policy) as runtime, Gateway(policy.mcp) as gateway:
+    with Runtime(args.state_dir, policy, extra_labels=labels(args)) as runtime, Gateway(policy.mcp) as gateway:
         for status in gateway.status():
             state = f"{len(status.tools)} tools" if status.running else f"DOWN ({status.error})"
             print(f"upstream {status.name}: {state}", file=sys.stderr, flush=True)

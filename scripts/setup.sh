@@ -4,7 +4,8 @@
 #      installed from the distribution's packages and started without a default bridge network (sandboxes
 #      never need one), with gVisor (runsc) registered;
 #   2. the Python package and its development tools in .venv;
-#   3. the executor image, built offline when no container registry answers.
+#   3. real upstream MCP servers for the gateway tests, in .venv-upstream;
+#   4. the executor image, built offline when no container registry answers.
 # Safe to run again: each step does nothing when its work is already done.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -66,6 +67,14 @@ if ! .venv/bin/python -c 'import sandbox_runtime, pytest, ruff, mypy' >/dev/null
   .venv/bin/python -m pip install -q --upgrade pip >/dev/null
   .venv/bin/python -m pip install -q -e '.[dev]'
   touch .venv/.installed
+fi
+
+# real upstream MCP servers the gateway tests stand in front of, in a venv of their own: they are built on the
+# 1.x SDK (mcp-server-sqlite does not start on 2.x)
+if [ ! -x .venv-upstream/bin/mcp-server-sqlite ] || [ ! -x .venv-upstream/bin/mcp-server-time ]; then
+  log "installing upstream MCP servers (mcp-server-sqlite, mcp-server-time) into .venv-upstream"
+  python3 -m venv .venv-upstream
+  .venv-upstream/bin/python -m pip install -q "mcp<2" "mcp-server-sqlite==2025.4.25" "mcp-server-time==2025.9.25"
 fi
 
 .venv/bin/sandbox-runtime image build

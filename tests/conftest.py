@@ -124,3 +124,12 @@ def containment_policy(request: pytest.FixtureRequest, docker_backend: DockerBac
             pytest.fail("CI is set but runsc (gVisor) is not registered with the engine")
         pytest.skip("runsc (gVisor) is not registered with the Docker engine")
     return load_policy("gvisor")
+
+
+@pytest.fixture
+def served_state(runtime_factory: RuntimeFactory, tmp_path: Path) -> Iterator[Path]:
+    """A state directory for a ``sandbox-runtime serve`` subprocess; afterwards (passed or not) a runtime on it
+    deletes every conversation the server made: sandboxes, mounts and files."""
+    state = tmp_path / "state"
+    yield state
+    runtime_factory(state_dir=state)

@@ -16,6 +16,8 @@ import anyio
 import mcp_types as types
 from mcp import StdioServerParameters
 
+from tests.conftest import SESSION, TEST_LABEL
+
 T = TypeVar("T")
 SERVE_START_S = 60.0
 SCENARIO_S = 300.0
@@ -34,6 +36,7 @@ def run_bounded(scenario: Callable[..., Awaitable[T]], *args: Any, limit_s: floa
 def serve_command(state_dir: Path, *serve_args: str, policy: Path | None = None) -> list[str]:
     """The command line of ``sandbox-runtime serve`` run by this interpreter."""
     command = [sys.executable, "-m", "sandbox_runtime.cli", "--state-dir", str(state_dir)]
+    command += ["--label", f"{TEST_LABEL}={SESSION}"]  # cleaned up by label like every test sandbox
     if policy is not None:
         command += ["--policy", str(policy)]
     return [*command, "serve", *serve_args]

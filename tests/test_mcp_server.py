@@ -106,9 +106,9 @@ async def query_export_attach(client: Client, user: Elicitations) -> dict[str, A
 
 
 def test_a_client_over_stdio_walks_query_export_attach_with_an_approval(
-    runtime_factory: RuntimeFactory, tmp_path: Path, database: Path, ask_before_attaching: Path
+    served_state: Path, database: Path, ask_before_attaching: Path
 ) -> None:
-    state = tmp_path / "state"
+    state = served_state
     user = Elicitations(approve=True)
     params = stdio_params(state, "--database", str(database), policy=ask_before_attaching)
 
@@ -145,13 +145,12 @@ def test_a_client_over_stdio_walks_query_export_attach_with_an_approval(
             assert "PathOutsideResults" in text_of(bad)
 
     run_bounded(scenario)
-    runtime_factory(state_dir=state)  # removes the conversation's sandbox and files afterwards
 
 
 def test_a_declined_approval_is_a_tool_error_and_nothing_is_attached(
-    runtime_factory: RuntimeFactory, tmp_path: Path, database: Path, ask_before_attaching: Path
+    runtime_factory: RuntimeFactory, served_state: Path, database: Path, ask_before_attaching: Path
 ) -> None:
-    state = tmp_path / "state"
+    state = served_state
     user = Elicitations(approve=False)
     params = stdio_params(state, "--database", str(database), policy=ask_before_attaching)
 
@@ -168,10 +167,8 @@ def test_a_declined_approval_is_a_tool_error_and_nothing_is_attached(
     assert runtime.conversation(record.id).attachments() == []
 
 
-def test_a_client_without_elicitation_gets_the_policys_fallback(
-    runtime_factory: RuntimeFactory, tmp_path: Path, ask_before_attaching: Path
-) -> None:
-    state = tmp_path / "state"
+def test_a_client_without_elicitation_gets_the_policys_fallback(served_state: Path, ask_before_attaching: Path) -> None:
+    state = served_state
 
     async def scenario() -> None:
         async with Client(stdio_params(state, policy=ask_before_attaching), mode="legacy") as client:
@@ -181,7 +178,6 @@ def test_a_client_without_elicitation_gets_the_policys_fallback(
             assert "no approver is available" in text_of(refused)
 
     run_bounded(scenario)
-    runtime_factory(state_dir=state)
 
 
 async def _http_client_calls(url: str, token: str) -> dict[str, Any]:
@@ -210,9 +206,9 @@ async def _http_client_calls(url: str, token: str) -> dict[str, Any]:
 
 
 def test_http_needs_the_token_and_gives_each_session_its_own_conversation(
-    runtime_factory: RuntimeFactory, tmp_path: Path
+    runtime_factory: RuntimeFactory, served_state: Path
 ) -> None:
-    state = tmp_path / "state"
+    state = served_state
     token = "t0ken-" + "x" * 26
     with http_server(state, env={"SANDBOX_RUNTIME_MCP_TOKEN": token}) as url:
         assert url.startswith("http://127.0.0.1:")

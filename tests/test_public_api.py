@@ -24,6 +24,12 @@ def test_the_public_names_are_exactly_all() -> None:
         "dispatch",
         "execution",
         "approval",
+        "turns",
+        "sample_data",
+        "mcp",
+        "demo",
+        "cli",
+        "cli_serve",
     }
     assert public - modules == set(sandbox_runtime.__all__)
 
@@ -48,7 +54,7 @@ def test_only_the_docker_backend_imports_docker() -> None:
 
 
 def test_lower_layers_never_import_higher_ones() -> None:
-    layers = ["policy", "sandbox", "store", "spill", "tools", "runtime", "cli"]
+    layers = ["policy", "sandbox", "store", "spill", "tools", "runtime", "mcp", "cli"]
     # store (safe paths, quota) sits beside the sandbox layer; neither may reach tools, the API or the CLI
     for path in PACKAGE.rglob("*.py"):
         relative = path.relative_to(PACKAGE)

@@ -39,7 +39,8 @@ def test_a_query_of_360_orders_spills_as_a_typed_table_the_model_can_pass_on(
 
     assert not outcome.is_error, outcome.text
     d = outcome.descriptor
-    assert d is not None and d.format == "table"
+    assert d is not None
+    assert d.format == "table"
     assert (d.rows, d.columns) == (360, list(SAMPLE_ORDER_COLUMNS))
     types = dict(zip(d.columns, d.column_types or [], strict=True))
     assert (types["order_id"], types["quantity"], types["unit_price"], types["customer"]) == (
@@ -55,7 +56,8 @@ def test_a_query_of_360_orders_spills_as_a_typed_table_the_model_can_pass_on(
         "export_table", {"source": d.path, "format": "csv", "columns": ["order_id", "total"]}, call_id="e1"
     )
     assert not exported.is_error, exported.text
-    assert exported.descriptor is not None and exported.descriptor.rows == 360
+    assert exported.descriptor is not None
+    assert exported.descriptor.rows == 360
 
 
 def test_a_small_result_stays_inline_and_params_bind_values(runtime_factory: RuntimeFactory, database: Path) -> None:
@@ -113,14 +115,16 @@ def test_a_query_that_runs_too_long_is_stopped_and_what_came_is_kept(
     assert outcome.is_error
     assert "sql.timeout_s = 0.5 s" in outcome.text
     assert "[incomplete: the rows stopped after" in outcome.text
-    assert outcome.descriptor is not None and (outcome.descriptor.rows or 0) > 0
+    assert outcome.descriptor is not None
+    assert (outcome.descriptor.rows or 0) > 0
 
 
 def test_more_rows_than_the_cap_are_cut_with_a_marker(runtime_factory: RuntimeFactory, database: Path) -> None:
     runtime = sql_runtime(runtime_factory, database, rows_max=1000)
     outcome = runtime.conversation("sql-cap").call("sql_query", {"query": ENDLESS})
     assert not outcome.is_error
-    assert outcome.descriptor is not None and outcome.descriptor.rows == 1000
+    assert outcome.descriptor is not None
+    assert outcome.descriptor.rows == 1000
     assert "[cut at sql.rows_max = 1,000 rows" in outcome.text
 
 

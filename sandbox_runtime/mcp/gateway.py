@@ -115,8 +115,7 @@ class _Upstream:
                 failures += 1
                 logger.warning("upstream %s: %s", self.name, self.error)
             finally:
-                self.session = None
-                self._up = anyio.Event()
+                self._mark_down()
             self._tried.set()
             self._tried = anyio.Event()
             if failures and not self.stopping:
@@ -155,7 +154,14 @@ class _Upstream:
             raise UpstreamError(f"the upstream MCP server {self.name!r} refused {tool}: {exc.message}") from exc
         return result.model_dump(mode="json", by_alias=True, exclude_none=True)
 
+    def _mark_down(self) -> None:
+        """No session from now on; callers wait on a fresh event for the next one (once per session)."""
+        self.session = None
+        if self._up is not None and self._up.is_set():
+            self._up = anyio.Event()
+
     def _end_session(self) -> None:
+        self._mark_down()  # at once: the next call must not reach the broken session
         if self._restart is not None:
             self._restart.set()
         if self._wake is not None:

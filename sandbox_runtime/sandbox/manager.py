@@ -86,6 +86,7 @@ class SandboxManager:
         self.base_labels = {LABEL_RUNTIME: "1", LABEL_STATE_DIR: self.state_dir_label, **(extra_labels or {})}
         self._locks: dict[str, threading.RLock] = {}
         self._locks_guard = threading.Lock()
+        self._folders_guard = threading.Lock()
         self._self_check: SelfCheckReport | None = None
         self._known: dict[str, Sandbox] = {}
 
@@ -138,13 +139,17 @@ class SandboxManager:
         return {**self.base_labels, LABEL_CONVERSATION: conversation_id}
 
     def folders(self, conversation_id: str) -> ConversationFolders:
-        """The conversation's folders (made and mounted when needed), recorded in the state database."""
-        record = self.state.conversation(conversation_id)
-        mode = self.store.quota_mode if record is None else record.quota_mode
-        folders = self.store.folders(conversation_id, quota_mode=mode)  # type: ignore[arg-type]
-        self.store.prepare(folders)
-        self.state.ensure_conversation(conversation_id, folders.quota_mode, folders.quota_bytes)
-        return folders
+        """The conversation's folders (made and mounted when needed), recorded in the state database.
+
+        One at a time (a short critical section, apart from the conversation's lock so that a running script
+        does not hold up its conversation's other tools): calls that arrive together must not mount twice."""
+        with self._folders_guard:
+            record = self.state.conversation(conversation_id)
+            mode = self.store.quota_mode if record is None else record.quota_mode
+            folders = self.store.folders(conversation_id, quota_mode=mode)  # type: ignore[arg-type]
+            self.store.prepare(folders)
+            self.state.ensure_conversation(conversation_id, folders.quota_mode, folders.quota_bytes)
+            return folders
 
     def get_or_create(self, conversation_id: str) -> Sandbox:
         """The conversation's running sandbox, re-attached by label when one exists, else a new one."""

@@ -1,0 +1,66 @@
+"""The per-turn budget over MCP: calls of one turn id (or calls that overlap in time) share 200,000 characters."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import anyio
+import mcp_types as types
+from mcp import Client
+
+from tests.conftest import RuntimeFactory
+from tests.mcp_helpers import run_bounded, stdio_params, structured, text_of
+
+BUDGET = 200_000
+PARALLEL = 10
+CHARS = 30_000
+
+
+def big(n: int) -> dict[str, Any]:
+    return {"code": f"print('{n}' + 'x' * {CHARS - 2})"}
+
+
+async def parallel_calls(client: Client, meta: dict[str, Any] | None) -> list[types.CallToolResult]:
+    results: list[types.CallToolResult | None] = [None] * PARALLEL
+
+    async def one(n: int) -> None:
+        results[n] = await client.call_tool("run_python", big(n), meta=meta)
+
+    async with anyio.create_task_group() as group:
+        for n in range(PARALLEL):
+            group.start_soon(one, n)
+    return [r for r in results if r is not None]
+
+
+def test_parallel_calls_of_one_turn_share_the_budget_and_later_calls_of_the_turn_count_it(
+    runtime_factory: RuntimeFactory, served_state: Path
+) -> None:
+    state = served_state
+
+    async def scenario() -> dict[str, Any]:
+        async with Client(stdio_params(state), read_timeout_seconds=120) as client:
+            turn = {"sandbox-runtime/turn": "turn-1"}
+            first = await parallel_calls(client, turn)
+            late = await client.call_tool("run_python", big(99), meta=turn)
+            alone = await client.call_tool("run_python", big(98))  # a new turn: nothing else in flight
+            overlapping = await parallel_calls(client, None)  # no turn id: overlapping calls form a turn
+        return {"first": first, "late": late, "alone": alone, "overlapping": overlapping}
+
+    seen = run_bounded(scenario)
+    for batch in ("first", "overlapping"):
+        shown = [len(text_of(r)) for r in seen[batch]]
+        assert sum(shown) <= BUDGET, (batch, shown)
+        replaced = [structured(r)["replaced"] for r in seen[batch]]
+        assert 0 < sum(replaced) < PARALLEL
+        assert all(structured(r)["descriptor"]["chars"] >= CHARS for r in seen[batch])
+    assert structured(seen["late"])["replaced"]  # the turn had used its budget already
+    assert not structured(seen["alone"])["replaced"]
+    assert len(text_of(seen["alone"])) > CHARS
+    runtime = runtime_factory(state_dir=state)
+    (record,) = runtime.state.conversations()
+    turns = {d.call_id: d.turn_id for d in runtime.conversation(record.id).decisions()}
+    first_ids = {structured(r)["call_id"] for r in seen["first"]}
+    assert {turns[call_id] for call_id in first_ids} == {"turn-1"}
+    overlap_turns = {turns[structured(r)["call_id"]] for r in seen["overlapping"]}
+    assert len(overlap_turns) == 1  # one generated turn id for the overlapping calls
