@@ -22,7 +22,7 @@ from sandbox_runtime.errors import (
     SandboxRuntimeError,
     SelfCheckFailed,
 )
-from sandbox_runtime.runtime import Runtime, default_state_dir
+from sandbox_runtime.runtime import Conversation, Runtime, default_state_dir
 
 __all__ = ["main"]
 
@@ -165,6 +165,8 @@ def _ls_conversation(runtime: Runtime, args: argparse.Namespace) -> int:
         rows = [[c.attachment_id, c.filename, f"{c.bytes:,}", c.mime_type, c.source] for c in cards]
         print(_table(rows, ["attachment", "filename", "bytes", "type", "copied from"]) if rows else "no attachments")
         return EXIT_OK
+    if args.spills:
+        return _ls_spills(conversation, args)
     calls = conversation.calls()
     if args.json:
         print(json.dumps([c.model_dump() for c in calls], indent=2))
@@ -177,6 +179,32 @@ def _ls_conversation(runtime: Runtime, args: argparse.Namespace) -> int:
         table.append([c.call_id, tool, c.status, f"{c.finished_at - c.started_at:.2f}", sizes, path])
     header = ["call", "tool", "status", "seconds", "argument chars (short / expanded)", "result file"]
     print(_table(table, header) if table else "no calls")
+    return EXIT_OK
+
+
+def _ls_spills(conversation: Conversation, args: argparse.Namespace) -> int:
+    """The files results were saved to (spills, exports), newest last, with their shape and expiry."""
+    described = []
+    for decision in conversation.decisions():
+        if decision.descriptor is not None:
+            described.append({"call_id": decision.call_id, "tool": decision.tool, **json.loads(decision.descriptor)})
+    if args.json:
+        print(json.dumps(described, indent=2))
+        return EXIT_OK
+    rows = [
+        [
+            d["call_id"],
+            d["tool"],
+            d["path"],
+            d["format"],
+            f"{d['bytes']:,}",
+            "-" if d.get("rows") is None else f"{d['rows']:,}",
+            d.get("expires_at") or "kept",
+        ]
+        for d in described
+    ]
+    header = ["call", "tool", "path", "format", "bytes", "rows", "expires"]
+    print(_table(rows, header) if rows else "no saved results")
     return EXIT_OK
 
 
@@ -263,7 +291,9 @@ def build_parser() -> argparse.ArgumentParser:
         "ls", help="conversations, their sandboxes and disk use; with a conversation id: its calls or attachments"
     )
     ls.add_argument("conversation", nargs="?", help="list this conversation's execution record")
-    ls.add_argument("--attachments", action="store_true", help="its attachments instead of its calls")
+    shown = ls.add_mutually_exclusive_group()
+    shown.add_argument("--attachments", action="store_true", help="its attachments instead of its calls")
+    shown.add_argument("--spills", action="store_true", help="its saved results (spills and exports) instead")
     ls.add_argument("--json", action="store_true")
     ls.set_defaults(func=cmd_ls)
     return parser

@@ -12,7 +12,6 @@ from __future__ import annotations
 import hashlib
 import json
 import time
-import uuid
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -21,7 +20,9 @@ from sandbox_runtime.policy import Policy, load_policy, policy_from_mapping
 from sandbox_runtime.runtime import Conversation, Runtime, default_state_dir
 from sandbox_runtime.sample_data import make_sample_database
 
-__all__ = ["run_demo"]
+__all__ = ["DEMO_CONVERSATION", "run_demo"]
+
+DEMO_CONVERSATION = "demo"
 
 _REPORT_SCRIPT = '''\
 """Orders report: reads the spilled query result by path, writes a DOCX. Run: report.py SPILL OUT."""
@@ -153,7 +154,9 @@ def run_demo(
             description="Create a ticket in the team's tracker.",
             input_schema=_TICKET_SCHEMA,
         )
-        conversation = runtime.conversation(f"demo-{uuid.uuid4().hex[:8]}")
+        conversation = runtime.conversation(DEMO_CONVERSATION)
+        if runtime.state.conversation(DEMO_CONVERSATION) is not None:
+            conversation.delete()  # the last run's files make way: one demo conversation, fresh each time
         script = _Script(conversation, out)
         try:
             _play(script, tickets)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import base64
+import io
 import os
 import queue
 import subprocess
@@ -14,8 +16,11 @@ from typing import Any, TypeVar
 
 import anyio
 import mcp_types as types
-from mcp import StdioServerParameters
+import openpyxl
+from mcp import Client, StdioServerParameters
+from mcp.client.session import ClientRequestContext
 
+from sandbox_runtime.sample_data import SAMPLE_ORDER_COLUMNS
 from tests.conftest import SESSION, TEST_LABEL
 
 T = TypeVar("T")
@@ -48,9 +53,11 @@ def stdio_params(state_dir: Path, *serve_args: str, policy: Path | None = None) 
 
 
 @contextmanager
-def http_server(state_dir: Path, *serve_args: str, env: dict[str, str] | None = None) -> Iterator[str]:
+def http_server(
+    state_dir: Path, *serve_args: str, env: dict[str, str] | None = None, policy: Path | None = None
+) -> Iterator[str]:
     """``serve --http 127.0.0.1:0`` in a subprocess; yields the endpoint URL it printed; stops it by pid."""
-    command = serve_command(state_dir, "--http", "127.0.0.1:0", *serve_args)
+    command = serve_command(state_dir, "--http", "127.0.0.1:0", *serve_args, policy=policy)
     process = subprocess.Popen(
         command,
         stdin=subprocess.DEVNULL,
@@ -102,3 +109,65 @@ def links_of(result: types.CallToolResult) -> list[types.ResourceLink]:
 def structured(result: types.CallToolResult) -> dict[str, Any]:
     assert isinstance(result.structured_content, dict)
     return result.structured_content
+
+
+XLSX = "application/vnd.openxmlformats-officedocument.spreadsheetml.sheet"
+
+
+class Elicitations:
+    """A client user who answers approval forms, and remembers what was asked."""
+
+    def __init__(self, approve: bool) -> None:
+        self.approve = approve
+        self.messages: list[str] = []
+
+    async def __call__(self, context: ClientRequestContext, params: types.ElicitRequestParams) -> types.ElicitResult:
+        assert isinstance(params, types.ElicitRequestFormParams)
+        assert params.requested_schema["required"] == ["approve"]
+        self.messages.append(params.message)
+        if self.approve:
+            return types.ElicitResult(action="accept", content={"approve": True})
+        return types.ElicitResult(action="decline")
+
+
+async def query_export_attach(client: Client, user: Elicitations) -> dict[str, Any]:
+    """The path-first walk every client should manage: query → spill → export from the path → attach."""
+    queried = await client.call_tool("sql_query", {"query": "SELECT * FROM orders ORDER BY order_id"})
+    assert not queried.is_error, text_of(queried)
+    spill = structured(queried)["descriptor"]
+    assert (spill["rows"], spill["columns"], spill["format"]) == (360, list(SAMPLE_ORDER_COLUMNS), "table")
+    assert spill["path"] in text_of(queried)
+    (link,) = links_of(queried)
+    assert (link.size, link.mime_type) == (spill["bytes"], "application/jsonl")
+    read = (await client.read_resource(link.uri)).contents[0]
+    assert isinstance(read, types.TextResourceContents)
+    assert len(read.text.splitlines()) == 1 + 360
+
+    exported = await client.call_tool(
+        "export_table",
+        {
+            "source": spill["path"],
+            "format": "xlsx",
+            "columns": ["order_id", "customer", "total"],
+            "sort": {"column": "total", "direction": "desc"},
+            "filename": "top-orders.xlsx",
+        },
+    )
+    assert not exported.is_error, text_of(exported)
+    export = structured(exported)["descriptor"]
+    (xlsx_link,) = links_of(exported)
+    assert (xlsx_link.mime_type, xlsx_link.size) == (XLSX, export["bytes"])
+    blob = (await client.read_resource(xlsx_link.uri)).contents[0]
+    assert isinstance(blob, types.BlobResourceContents)
+    sheet = openpyxl.load_workbook(io.BytesIO(base64.b64decode(blob.blob)), read_only=True).active
+    assert sheet is not None
+    rows = list(sheet.iter_rows(values_only=True))
+    assert rows[0] == ("order_id", "customer", "total")
+    assert len(rows) == 361
+    totals = [r[2] for r in rows[1:]]
+    assert totals == sorted(totals, reverse=True)
+
+    attached = await client.call_tool("attach_file", {"path": export["path"]})
+    assert user.messages
+    assert export["path"] in user.messages[-1]
+    return {"attached": attached, "xlsx": base64.b64decode(blob.blob)}

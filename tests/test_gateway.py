@@ -13,15 +13,27 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx2
 import mcp_types as types
 import psutil
 import pytest
 from mcp import Client
+from mcp.client.streamable_http import streamable_http_client
 
 from sandbox_runtime.mcp.gateway import Gateway
 from sandbox_runtime.policy import McpPolicy, UpstreamServer
+from sandbox_runtime.sample_data import make_sample_database
 from tests.conftest import RuntimeFactory
-from tests.mcp_helpers import links_of, run_bounded, stdio_params, structured, text_of
+from tests.mcp_helpers import (
+    Elicitations,
+    http_server,
+    links_of,
+    query_export_attach,
+    run_bounded,
+    stdio_params,
+    structured,
+    text_of,
+)
 
 UPSTREAM_BIN = Path(__file__).resolve().parent.parent / ".venv-upstream" / "bin"
 SQLITE_SERVER = UPSTREAM_BIN / "mcp-server-sqlite"
@@ -188,3 +200,48 @@ def test_results_of_upstream_tools_spill_like_any_other(runtime_factory: Runtime
     assert not now.is_error
     assert json.loads(now.text)["timezone"] == "Europe/Berlin"  # structuredContent, the wrapper stripped
     assert now.descriptor is None  # short: inline, no file
+
+
+def test_an_http_client_walks_spill_export_attach_with_an_approval_and_delegates_to_an_upstream(
+    served_state: Path, tmp_path: Path, sqlite_db: Path
+) -> None:
+    database = make_sample_database(tmp_path / "shop.sqlite3", rows=360)
+    policy = tmp_path / "ask.toml"
+    policy.write_text('name = "ask"\n[approval.tool_rules]\nattach_file = "ask"\n')
+    user = Elicitations(approve=True)
+    token = "http-token-" + "y" * 24
+    serve_args = ("--database", str(database), "--upstream", f"sqlite={SQLITE_SERVER} --db-path {sqlite_db}")
+
+    async def walk(url: str) -> dict[str, Any]:
+        seen: dict[str, Any] = {}
+        async with httpx2.AsyncClient(headers={"Authorization": f"Bearer {token}"}, timeout=120) as http:
+            transport = streamable_http_client(url, http_client=http)
+            async with Client(transport, mode="legacy", elicitation_callback=user) as client:
+                seen["tools"] = [tool.name for tool in (await client.list_tools()).tools]
+                walked = await query_export_attach(client, user)
+                seen["attached"] = walked["attached"]
+                seen["resources"] = [r.uri for r in (await client.list_resources()).resources]
+                await client.call_tool("sqlite__create_table", {"query": "CREATE TABLE notes (id INTEGER, body TEXT)"})
+                await client.call_tool(
+                    "write_file",
+                    {
+                        "path": "/mnt/results/args/note.json",
+                        "content": json.dumps({"query": "INSERT INTO notes VALUES (1, '" + "n" * 50_000 + "')"}),
+                    },
+                )
+                delegated = await client.call_tool(
+                    "delegate_call", {"tool": "sqlite__write_query", "args_file": "/mnt/results/args/note.json"}
+                )
+                seen["delegated"] = text_of(delegated)
+                counted = await client.call_tool("sqlite__read_query", {"query": "SELECT length(body) AS n FROM notes"})
+                seen["counted"] = text_of(counted)
+        return seen
+
+    with http_server(served_state, *serve_args, env={"SANDBOX_RUNTIME_MCP_TOKEN": token}, policy=policy) as url:
+        seen = run_bounded(walk, url)
+    assert {"sql_query", "sqlite__write_query"} <= set(seen["tools"])
+    assert not seen["attached"].is_error, text_of(seen["attached"])
+    assert len(user.messages) == 1  # asked once, over the HTTP stream of the attach call
+    assert any(uri.endswith(".table.jsonl") for uri in seen["resources"])
+    assert "'affected_rows': 1" in seen["delegated"]
+    assert "50000" in seen["counted"]

@@ -3,23 +3,29 @@
 from __future__ import annotations
 
 import base64
-import io
 import re
 from pathlib import Path
 from typing import Any
 
 import httpx2
 import mcp_types as types
-import openpyxl
 import pytest
 from mcp import Client
-from mcp.client.session import ClientRequestContext
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
 
-from sandbox_runtime.sample_data import SAMPLE_ORDER_COLUMNS, make_sample_database
+from sandbox_runtime.sample_data import make_sample_database
 from tests.conftest import RuntimeFactory
-from tests.mcp_helpers import http_server, links_of, run_bounded, stdio_params, structured, text_of
+from tests.mcp_helpers import (
+    Elicitations,
+    http_server,
+    links_of,
+    query_export_attach,
+    run_bounded,
+    stdio_params,
+    structured,
+    text_of,
+)
 
 BUILTIN_TOOLS = [
     "run_python",
@@ -34,22 +40,6 @@ BUILTIN_TOOLS = [
 XLSX = "application/vnd.openxmlformats-officedocument.spreadsheetml.sheet"
 
 
-class Elicitations:
-    """A client user who answers approval forms, and remembers what was asked."""
-
-    def __init__(self, approve: bool) -> None:
-        self.approve = approve
-        self.messages: list[str] = []
-
-    async def __call__(self, context: ClientRequestContext, params: types.ElicitRequestParams) -> types.ElicitResult:
-        assert isinstance(params, types.ElicitRequestFormParams)
-        assert params.requested_schema["required"] == ["approve"]
-        self.messages.append(params.message)
-        if self.approve:
-            return types.ElicitResult(action="accept", content={"approve": True})
-        return types.ElicitResult(action="decline")
-
-
 @pytest.fixture
 def database(tmp_path: Path) -> Path:
     return make_sample_database(tmp_path / "shop.sqlite3", rows=360)
@@ -60,49 +50,6 @@ def ask_before_attaching(tmp_path: Path) -> Path:
     policy = tmp_path / "ask.toml"
     policy.write_text('name = "ask"\n[approval.tool_rules]\nattach_file = "ask"\n')
     return policy
-
-
-async def query_export_attach(client: Client, user: Elicitations) -> dict[str, Any]:
-    """The path-first walk every client should manage: query → spill → export from the path → attach."""
-    queried = await client.call_tool("sql_query", {"query": "SELECT * FROM orders ORDER BY order_id"})
-    assert not queried.is_error, text_of(queried)
-    spill = structured(queried)["descriptor"]
-    assert (spill["rows"], spill["columns"], spill["format"]) == (360, list(SAMPLE_ORDER_COLUMNS), "table")
-    assert spill["path"] in text_of(queried)
-    (link,) = links_of(queried)
-    assert (link.size, link.mime_type) == (spill["bytes"], "application/jsonl")
-    read = (await client.read_resource(link.uri)).contents[0]
-    assert isinstance(read, types.TextResourceContents)
-    assert len(read.text.splitlines()) == 1 + 360
-
-    exported = await client.call_tool(
-        "export_table",
-        {
-            "source": spill["path"],
-            "format": "xlsx",
-            "columns": ["order_id", "customer", "total"],
-            "sort": {"column": "total", "direction": "desc"},
-            "filename": "top-orders.xlsx",
-        },
-    )
-    assert not exported.is_error, text_of(exported)
-    export = structured(exported)["descriptor"]
-    (xlsx_link,) = links_of(exported)
-    assert (xlsx_link.mime_type, xlsx_link.size) == (XLSX, export["bytes"])
-    blob = (await client.read_resource(xlsx_link.uri)).contents[0]
-    assert isinstance(blob, types.BlobResourceContents)
-    sheet = openpyxl.load_workbook(io.BytesIO(base64.b64decode(blob.blob)), read_only=True).active
-    assert sheet is not None
-    rows = list(sheet.iter_rows(values_only=True))
-    assert rows[0] == ("order_id", "customer", "total")
-    assert len(rows) == 361
-    totals = [r[2] for r in rows[1:]]
-    assert totals == sorted(totals, reverse=True)
-
-    attached = await client.call_tool("attach_file", {"path": export["path"]})
-    assert user.messages
-    assert export["path"] in user.messages[-1]
-    return {"attached": attached, "xlsx": base64.b64decode(blob.blob)}
 
 
 def test_a_client_over_stdio_walks_query_export_attach_with_an_approval(

@@ -66,3 +66,8 @@ def test_lower_layers_never_import_higher_ones() -> None:
             parts = name.split(".")
             if parts[0] == "sandbox_runtime" and len(parts) > 1:
                 assert parts[1] not in higher, f"{relative} imports {name}"
+
+
+def test_every_public_name_has_a_docstring() -> None:
+    missing = [name for name in sandbox_runtime.__all__ if not (getattr(sandbox_runtime, name).__doc__ or "").strip()]
+    assert not missing, missing
