@@ -23,7 +23,7 @@ from sandbox_runtime.errors import (
     UnsafeFileType,
 )
 from sandbox_runtime.policy import Policy, load_policy
-from sandbox_runtime.runtime import Conversation, Runtime
+from sandbox_runtime.runtime import Conversation, Runtime, SavedResult
 from sandbox_runtime.spill.spiller import ResultDescriptor
 from sandbox_runtime.spill.streamed import TableStream
 from sandbox_runtime.state import Attachment, CallRecord
@@ -54,6 +54,7 @@ __all__ = [
     "SandboxError",
     "SandboxGone",
     "SandboxRuntimeError",
+    "SavedResult",
     "SelfCheckFailed",
     "TableStream",
     "ToolCall",

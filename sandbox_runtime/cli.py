@@ -183,25 +183,22 @@ def _ls_conversation(runtime: Runtime, args: argparse.Namespace) -> int:
 
 
 def _ls_spills(conversation: Conversation, args: argparse.Namespace) -> int:
-    """The files results were saved to (spills, exports), newest last, with their shape and expiry."""
-    described = []
-    for decision in conversation.decisions():
-        if decision.descriptor is not None:
-            described.append({"call_id": decision.call_id, "tool": decision.tool, **json.loads(decision.descriptor)})
+    """The files results were saved to (spills, exports), oldest first, with their shape and expiry."""
+    saved = conversation.spills()
     if args.json:
-        print(json.dumps(described, indent=2))
+        print(json.dumps([s.model_dump(mode="json") for s in saved], indent=2))
         return EXIT_OK
     rows = [
         [
-            d["call_id"],
-            d["tool"],
-            d["path"],
-            d["format"],
-            f"{d['bytes']:,}",
-            "-" if d.get("rows") is None else f"{d['rows']:,}",
-            d.get("expires_at") or "kept",
+            s.call_id,
+            s.tool,
+            s.descriptor.path,
+            s.descriptor.format,
+            f"{s.descriptor.bytes:,}",
+            "-" if s.descriptor.rows is None else f"{s.descriptor.rows:,}",
+            s.descriptor.expires_at or "kept",
         ]
-        for d in described
+        for s in saved
     ]
     header = ["call", "tool", "path", "format", "bytes", "rows", "expires"]
     print(_table(rows, header) if rows else "no saved results")

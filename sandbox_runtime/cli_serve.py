@@ -48,11 +48,17 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from sandbox_runtime.cli import labels  # noqa: PLC0415
     from sandbox_runtime.mcp.gateway import Gateway  # noqa: PLC0415  (the MCP SDK loads only for serve)
     from sandbox_runtime.mcp.server import McpService  # noqa: PLC0415
-    from sandbox_runtime.mcp.transports import serve_http, serve_stdio  # noqa: PLC0415
+    from sandbox_runtime.mcp.transports import (  # noqa: PLC0415
+        check_exposure,
+        serve_http,
+        serve_stdio,
+    )
     from sandbox_runtime.runtime import Runtime  # noqa: PLC0415
 
     policy = serve_policy(args)
     token = os.environ.get(policy.mcp.token_variable) or None
+    if args.http is not None:
+        check_exposure(policy.mcp.http_host, token, policy.mcp.token_variable)  # before anything starts
     with Runtime(args.state_dir, policy, extra_labels=labels(args)) as runtime, Gateway(policy.mcp) as gateway:
         for status in gateway.status():
             state = f"{len(status.tools)} tools" if status.running else f"DOWN ({status.error})"

@@ -33,6 +33,8 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, Literal
 
+from pydantic import BaseModel, ConfigDict
+
 from sandbox_runtime.approval import Approver
 from sandbox_runtime.dispatch import Dispatcher, HostResult, ToolCall, ToolOutcome, TurnReport
 from sandbox_runtime.policy import Policy, load_policy
@@ -41,6 +43,7 @@ from sandbox_runtime.sandbox.manager import Removal, Sandbox, SandboxManager
 from sandbox_runtime.sandbox.selfcheck import SelfCheckReport
 from sandbox_runtime.spill.history import HistoryRebuild, rebuild_history
 from sandbox_runtime.spill.retention import RetentionReport, expire_results
+from sandbox_runtime.spill.spiller import ResultDescriptor
 from sandbox_runtime.state import Attachment, CallRecord, StateDB, StoredResult
 from sandbox_runtime.store.folders import ConversationFolders, ConversationStore, validate_conversation_id
 from sandbox_runtime.store.quota import QuotaUsage
@@ -48,7 +51,7 @@ from sandbox_runtime.tools.base import SpillMode, ToolContext, ToolSpec
 from sandbox_runtime.tools.builtin import builtin_tools, host_tool
 from sandbox_runtime.tools.run_python import RunPythonArgs, RunPythonResult, run_python
 
-__all__ = ["Conversation", "Runtime", "default_state_dir"]
+__all__ = ["Conversation", "Runtime", "SavedResult", "default_state_dir"]
 
 logger = logging.getLogger(__name__)
 
@@ -60,6 +63,17 @@ def default_state_dir(environment: Mapping[str, str] | None = None) -> Path:
         return Path(env["SANDBOX_RUNTIME_STATE_DIR"])
     base = env.get("XDG_STATE_HOME") or str(Path(env.get("HOME", "/root")) / ".local" / "state")
     return Path(base) / "sandbox-runtime"
+
+
+class SavedResult(BaseModel):
+    """A result that was saved to a file: which call made it, when, and the file's descriptor."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    call_id: str
+    tool: str
+    decided_at: float
+    descriptor: ResultDescriptor
 
 
 class Conversation:
@@ -145,6 +159,19 @@ class Conversation:
     def attachments(self) -> list[Attachment]:
         """Files handed to the user as downloads (kept in ``outputs/``, outside retention), oldest first."""
         return self.runtime.state.attachments(self.id)
+
+    def spills(self) -> list[SavedResult]:
+        """Every result saved to a file (spills, exports, built files), oldest first, with its descriptor."""
+        return [
+            SavedResult(
+                call_id=d.call_id,
+                tool=d.tool,
+                decided_at=d.decided_at,
+                descriptor=ResultDescriptor.model_validate_json(d.descriptor),
+            )
+            for d in self.runtime.state.stored_results(self.id).values()
+            if d.descriptor is not None
+        ]
 
     def decisions(self) -> list[StoredResult]:
         """Every stored tool-result decision of this conversation, oldest first."""

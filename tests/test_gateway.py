@@ -245,3 +245,29 @@ def test_an_http_client_walks_spill_export_attach_with_an_approval_and_delegates
     assert any(uri.endswith(".table.jsonl") for uri in seen["resources"])
     assert "'affected_rows': 1" in seen["delegated"]
     assert "50000" in seen["counted"]
+
+
+def test_an_upstream_over_streamable_http_with_a_token(
+    runtime_factory: RuntimeFactory, served_state: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    token = "inner-" + "z" * 26
+    monkeypatch.setenv("INNER_TOKEN", token)
+    with http_server(served_state, env={"SANDBOX_RUNTIME_MCP_TOKEN": token}) as url:
+        upstreams = {"inner": UpstreamServer(url=url, token_variable="INNER_TOKEN")}  # noqa: S106  (a name)
+        with Gateway(McpPolicy(), upstreams) as gateway:
+            (status,) = gateway.status()
+            assert status.running, status.error
+            runtime = runtime_factory()
+            assert "inner__write_file" in gateway.register(runtime)
+            conversation = runtime.conversation("gateway-http")
+            written = conversation.call("inner__write_file", {"path": "/mnt/results/n.txt", "content": "x" * 3000})
+            assert not written.is_error, written.text
+            read = conversation.call("inner__read_file", {"path": "/mnt/results/n.txt"})
+            assert not read.is_error, read.text
+            # an upstream's structuredContent is its result (here: the inner runtime's own descriptor)
+            assert json.loads(read.text)["tool"] == "read_file"
+        monkeypatch.setenv("INNER_TOKEN", "wrong")
+        with Gateway(McpPolicy(upstream_start_timeout_s=5.0), upstreams) as refused:
+            (status,) = refused.status()
+            assert not status.running
+            assert status.error is not None

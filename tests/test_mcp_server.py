@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import base64
+import os
 import re
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +24,7 @@ from tests.mcp_helpers import (
     links_of,
     query_export_attach,
     run_bounded,
+    serve_command,
     stdio_params,
     structured,
     text_of,
@@ -192,3 +195,12 @@ def test_http_needs_the_token_and_gives_each_session_its_own_conversation(
     runtime = runtime_factory(state_dir=state)
     decided = {d.call_id: d for d in runtime.conversation(seen["first"]).decisions()}
     assert decided["host-call-7"].text == text_of(seen["named"])  # history can replay it byte for byte
+
+
+def test_serving_http_off_loopback_without_a_token_is_refused_before_anything_starts(tmp_path: Path) -> None:
+    command = serve_command(tmp_path / "state", "--http", "0.0.0.0:0")
+    environment = {k: v for k, v in os.environ.items() if k != "SANDBOX_RUNTIME_MCP_TOKEN"}
+    done = subprocess.run(command, capture_output=True, text=True, timeout=60, env=environment, check=False)
+    assert done.returncode == 2
+    assert "needs a bearer token: set $SANDBOX_RUNTIME_MCP_TOKEN" in done.stderr
+    assert not (tmp_path / "state").exists()

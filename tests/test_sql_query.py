@@ -58,6 +58,8 @@ def test_a_query_of_360_orders_spills_as_a_typed_table_the_model_can_pass_on(
     assert not exported.is_error, exported.text
     assert exported.descriptor is not None
     assert exported.descriptor.rows == 360
+    saved = {s.call_id: s.descriptor for s in conversation.spills()}
+    assert (saved["q1"].path, saved["e1"].format) == (d.path, "csv")
 
 
 def test_a_small_result_stays_inline_and_params_bind_values(runtime_factory: RuntimeFactory, database: Path) -> None:

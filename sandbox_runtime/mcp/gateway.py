@@ -88,7 +88,8 @@ class _Upstream:
                 headers = {}
                 if self.config.token_variable:
                     headers["Authorization"] = f"Bearer {os.environ.get(self.config.token_variable, '')}"
-                client = await stack.enter_async_context(httpx2.AsyncClient(headers=headers, timeout=30.0))
+                timeout = httpx2.Timeout(30.0, read=self.call_timeout_s + 30.0)  # a call's answer may take long
+                client = await stack.enter_async_context(httpx2.AsyncClient(headers=headers, timeout=timeout))
                 streams = await stack.enter_async_context(streamable_http_client(self.config.url, http_client=client))
             session = await stack.enter_async_context(ClientSession(*streams))
             yield session

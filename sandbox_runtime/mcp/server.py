@@ -19,7 +19,6 @@ expanded arguments; a client that cannot be asked gets ``approval.rule_without_a
 from __future__ import annotations
 
 import functools
-import json
 import logging
 import uuid
 from typing import Any, Literal
@@ -172,25 +171,20 @@ class McpService:
         return types.ListResourcesResult(resources=await anyio.to_thread.run_sync(self._resources, conversation))
 
     def _resources(self, conversation: str) -> list[types.Resource]:
-        state = self.runtime.state
-        if state.conversation(conversation) is None:
+        if self.runtime.state.conversation(conversation) is None:
             return []
         mount = self.runtime.policy.sandbox.results_mount_path
-        listed: list[types.Resource] = []
-        for decision in reversed(state.stored_results(conversation).values()):
-            if decision.descriptor is None or len(listed) >= _RESOURCES_LISTED_MAX:
-                continue
-            d = json.loads(decision.descriptor)
-            listed.append(
-                types.Resource(
-                    uri=result_uri(conversation, d["path"], mount),
-                    name=d["path"].rsplit("/", 1)[-1],
-                    mime_type=mime_type(d["path"], d.get("format")),
-                    size=d.get("bytes"),
-                    description=f"{decision.tool} result of call {decision.call_id}",
-                )
+        saved = self.runtime.conversation(conversation).spills()[-_RESOURCES_LISTED_MAX:]
+        return [
+            types.Resource(
+                uri=result_uri(conversation, s.descriptor.path, mount),
+                name=s.descriptor.path.rsplit("/", 1)[-1],
+                mime_type=mime_type(s.descriptor.path, s.descriptor.format),
+                size=s.descriptor.bytes,
+                description=f"{s.tool} result of call {s.call_id}",
             )
-        return listed
+            for s in reversed(saved)
+        ]
 
     async def _list_templates(
         self, ctx: ServerRequestContext[Any], params: types.PaginatedRequestParams | None

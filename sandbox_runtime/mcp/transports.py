@@ -22,7 +22,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from sandbox_runtime.errors import PolicyError
 from sandbox_runtime.mcp.server import McpService
 
-__all__ = ["BearerTokenAuth", "is_loopback", "serve_http", "serve_stdio"]
+__all__ = ["BearerTokenAuth", "check_exposure", "is_loopback", "serve_http", "serve_stdio"]
 
 logger = logging.getLogger(__name__)
 
@@ -78,13 +78,17 @@ def serve_stdio(service: McpService) -> None:
     anyio.run(main)
 
 
-def http_app(service: McpService, host: str, token: str | None) -> Any:
-    """The ASGI app: the SDK's streamable HTTP endpoint at ``/mcp``, behind the token when one is given."""
+def check_exposure(host: str, token: str | None, token_variable: str) -> None:
+    """Refuse to serve HTTP off loopback without a bearer token (:class:`PolicyError`)."""
     if token is None and not is_loopback(host):
         raise PolicyError(
-            f"serving MCP over HTTP on {host} (not a loopback address) needs a bearer token: set the variable "
-            f"named by mcp.token_variable ({service.runtime.policy.mcp.token_variable})"
+            f"serving MCP over HTTP on {host} (not a loopback address) needs a bearer token: set ${token_variable}"
         )
+
+
+def http_app(service: McpService, host: str, token: str | None) -> Any:
+    """The ASGI app: the SDK's streamable HTTP endpoint at ``/mcp``, behind the token when one is given."""
+    check_exposure(host, token, service.runtime.policy.mcp.token_variable)
     app: ASGIApp = service.server.streamable_http_app(streamable_http_path=MCP_HTTP_PATH, host=host)
     return app if token is None else BearerTokenAuth(app, token)
 
