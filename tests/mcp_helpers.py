@@ -24,6 +24,16 @@ from sandbox_runtime.sample_data import SAMPLE_ORDER_COLUMNS
 from tests.conftest import SESSION, TEST_LABEL
 
 T = TypeVar("T")
+BUILTIN_TOOLS = [
+    "run_python",
+    "read_file",
+    "write_file",
+    "edit_file",
+    "export_table",
+    "render_table",
+    "attach_file",
+    "delegate_call",
+]
 SERVE_START_S = 60.0
 SCENARIO_S = 300.0
 

@@ -25,6 +25,7 @@ from sandbox_runtime.policy import McpPolicy, UpstreamServer
 from sandbox_runtime.sample_data import make_sample_database
 from tests.conftest import RuntimeFactory
 from tests.mcp_helpers import (
+    BUILTIN_TOOLS,
     Elicitations,
     http_server,
     links_of,
@@ -118,16 +119,7 @@ def test_an_mcp_client_sends_a_large_insert_by_delegate_call_and_gets_the_rows_a
 
     seen = run_bounded(scenario)
     assert {"sqlite__read_query", "sqlite__write_query", "time__get_current_time"} <= set(seen["names"])
-    assert seen["names"][:8] == [
-        "run_python",
-        "read_file",
-        "write_file",
-        "edit_file",
-        "export_table",
-        "render_table",
-        "attach_file",
-        "delegate_call",
-    ]
+    assert seen["names"][:8] == BUILTIN_TOOLS
     assert "'affected_rows': 2000" in seen["delegated"]
     spill = seen["read"]["descriptor"]
     assert (spill["rows"], spill["columns"], spill["format"]) == (ROWS, ["id", "library", "size_kb", "note"], "table")

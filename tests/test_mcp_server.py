@@ -19,6 +19,7 @@ from mcp.shared.exceptions import MCPError
 from sandbox_runtime.sample_data import make_sample_database
 from tests.conftest import RuntimeFactory
 from tests.mcp_helpers import (
+    BUILTIN_TOOLS,
     Elicitations,
     http_server,
     links_of,
@@ -30,16 +31,6 @@ from tests.mcp_helpers import (
     text_of,
 )
 
-BUILTIN_TOOLS = [
-    "run_python",
-    "read_file",
-    "write_file",
-    "edit_file",
-    "export_table",
-    "render_table",
-    "attach_file",
-    "delegate_call",
-]
 XLSX = "application/vnd.openxmlformats-officedocument.spreadsheetml.sheet"
 
 

@@ -140,19 +140,15 @@ class _Upstream:
         try:
             result = await session.call_tool(tool, arguments, read_timeout_seconds=self.call_timeout_s)
         except MCPError as exc:
-            if exc.code == types.REQUEST_TIMEOUT:
-                self._end_session()
-                raise UpstreamError(
-                    f"the upstream MCP server {self.name!r} did not answer {tool} within "
-                    f"{self.call_timeout_s:g} s; it is being restarted"
-                ) from exc
-            if exc.code == types.CONNECTION_CLOSED:
-                self._end_session()
-                raise UpstreamError(
-                    f"the upstream MCP server {self.name!r} stopped during the call of {tool} ({exc.message}); it is "
-                    f"being restarted: call again if the call is safe to repeat"
-                ) from exc
-            raise UpstreamError(f"the upstream MCP server {self.name!r} refused {tool}: {exc.message}") from exc
+            broken = {
+                types.REQUEST_TIMEOUT: f"did not answer {tool} within {self.call_timeout_s:g} s; it is being restarted",
+                types.CONNECTION_CLOSED: f"stopped during the call of {tool} ({exc.message}); it is being restarted: "
+                "call again if the call is safe to repeat",
+            }.get(exc.code)
+            if broken is None:
+                raise UpstreamError(f"the upstream MCP server {self.name!r} refused {tool}: {exc.message}") from exc
+            self._end_session()  # a hung or dead server is not trusted again
+            raise UpstreamError(f"the upstream MCP server {self.name!r} {broken}") from exc
         return result.model_dump(mode="json", by_alias=True, exclude_none=True)
 
     def _mark_down(self) -> None:
