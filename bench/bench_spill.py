@@ -17,6 +17,9 @@ that goes first alternates), so machine noise hits both alike; compare the p50 r
 5. ``sweep_older_than`` over spill/errors/args (files and sub-folders 8 days old) beside
    ``os.walk(topdown=False)`` + ``os.unlink``/``os.rmdir`` of an identical tree; both trees are made and synced
    before either is timed. One round by default (it dominates the run time); with more, the order alternates.
+   As root the trees are made on a loop-mounted ext4 volume made and mounted by the runtime's own quota code
+   (the file system a results folder really is in ``loop`` quota mode; 8 GiB sparse, for the inodes of two
+   trees); otherwise, or with ``--gc-on dir``, in ``--dir``.
 
 Everything is written below a fresh ``mkdtemp`` folder in ``--dir`` (default /var/tmp, the file system of the
 state dir) and removed at the end. Numbers are reported, never asserted; the targets block says met or not.
@@ -38,6 +41,7 @@ import tempfile
 import time
 import tracemalloc
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -47,6 +51,7 @@ from benchkit import Met, interleaved, line, pair
 from sandbox_runtime.policy import SpillPolicy
 from sandbox_runtime.spill.spiller import SpillOutcome, spill_result
 from sandbox_runtime.spill.streamed import TableStream
+from sandbox_runtime.store.quota import loop_quota_unavailable_reason, mount_loop_quota, unmount_loop_quota
 from sandbox_runtime.store.safe_paths import ResultsRoot
 from sandbox_runtime.store.sweep import SweepReport, sweep_older_than
 
@@ -244,8 +249,24 @@ def streamed(sp: Spiller, rows: int, met: Met) -> None:
     met.append(("streamed table: memory vs row count", "~1x for 10x rows (<= 1.5x)", f"{ratio:.2f}x", ratio <= 1.5))
 
 
-def retention(work: Path, files: int, reps: int, met: Met) -> None:
-    s = gc_rounds(work, files, reps)
+@contextmanager
+def gc_volume(work: Path, where: str) -> Iterator[tuple[Path, str]]:
+    """Where the gc trees go: a loop-mounted ext4 volume like a results folder's, or ``work`` itself."""
+    if where == "loop" and loop_quota_unavailable_reason() is None:
+        mountpoint = work / "gc-volume"
+        mount_loop_quota(work / "gc-volume.ext4", mountpoint, 8 * 1024**3, os.getuid(), os.getgid())
+        try:
+            yield mountpoint / "gc", "a loop-mounted ext4 results volume (as in loop quota mode)"
+        finally:
+            unmount_loop_quota(mountpoint)
+    else:
+        yield work / "gc", f"the file system of {work}"
+
+
+def retention(work: Path, files: int, reps: int, met: Met, where: str) -> None:
+    with gc_volume(work, where) as (top, described):
+        print(f"\n  gc trees on {described}")
+        s = gc_rounds(top, files, reps)
     p, _ratio = pair(
         f"5. gc over {files:,} files (spill/errors/args, 10 sub-folders each, 8 days old)",
         ("sweep_older_than", s["sweep_older_than"]),
@@ -261,6 +282,12 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="fewer repetitions and smaller sizes")
     parser.add_argument("--gc-rounds", type=int, help="gc rounds, each makes 2 trees (default 1; 2 with --quick)")
     parser.add_argument("--dir", default="/var/tmp", help="where the temporary folder is made (default /var/tmp)")
+    parser.add_argument(
+        "--gc-on",
+        choices=["loop", "dir"],
+        default="loop",
+        help="gc trees on a loop-mounted ext4 volume like a results folder's (needs root; default) or in --dir",
+    )
     opts = parser.parse_args()
     small_reps, json_reps, sync_reps = (200, 10, 20) if opts.quick else (1000, 30, 60)
     rows, files = (10_000, 10_000) if opts.quick else (100_000, 100_000)
@@ -276,7 +303,7 @@ def main() -> None:
         small_text(sp, small_reps, sync_reps, met)
         json_results(sp, json_reps, met)
         streamed(sp, rows, met)
-        retention(work / "gc", files, opts.gc_rounds or (2 if opts.quick else 1), met)
+        retention(work, files, opts.gc_rounds or (2 if opts.quick else 1), met, opts.gc_on)
         print("\ntargets")
         for what, target, value, ok in met:
             print(f"  {what:<42}{target:<30}{value:>10}  {'met' if ok else 'NOT MET'}")

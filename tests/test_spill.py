@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from sandbox_runtime.policy import SpillPolicy
+from sandbox_runtime.spill.cells import clean_column
 from sandbox_runtime.spill.spiller import spill_result
 from sandbox_runtime.spill.tables import iter_table_file
 from sandbox_runtime.store.safe_paths import ResultsRoot
@@ -116,3 +117,20 @@ def test_odd_tool_and_call_names_give_safe_file_names(root: ResultsRoot) -> None
     other = spill_result(root, "r" * 1000, tool="up/../../etc", call_id="a_b_", policy=POLICY, now=NOW)
     assert other.descriptor is not None
     assert other.descriptor.path != outcome.descriptor.path
+
+
+@pytest.mark.parametrize(
+    ("values", "expected"),
+    [
+        (["2026-01-05", "2026-02-28"], "date"),
+        (["2026-01-05", "2026-W01-1"], "string"),  # an ISO week date is not YYYY-MM-DD
+        (["2026-01-05", "20260105"], "string"),
+        (["2026-01-05", "2026-02-30"], "string"),  # looks like a date, is not one
+        (["2026-01-05", None], "date"),
+    ],
+)
+def test_only_real_yyyy_mm_dd_dates_make_a_date_column(values: list[str | None], expected: str) -> None:
+    column = list(values)
+    assert clean_column(column) == expected
+    if expected == "string":
+        assert column == values  # the text is kept as it was

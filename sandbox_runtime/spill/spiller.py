@@ -197,6 +197,10 @@ def spill_result(
         if len(text) < threshold:
             return SpillOutcome(text=text)
         kind, data, table = _payload(text, value)
+        rows, columns, types = (
+            (None, None, None) if table is None else (table.row_count, table.columns, table.column_types)
+        )
+        del value, table  # freed while the collector is paused, so it never walks the parsed values
     over_cap = len(text) > policy.inline_cap_chars
     preview = text[: policy.preview_chars]
     stem = file_stem(tool, call_id)
@@ -215,9 +219,9 @@ def spill_result(
         bytes=len(data),
         chars=len(text),
         sha256=hashlib.sha256(data).hexdigest(),
-        rows=table.row_count if table else None,
-        columns=list(table.columns) if table else None,
-        column_types=list(table.column_types) if table else None,
+        rows=rows,
+        columns=None if columns is None else list(columns),
+        column_types=None if types is None else list(types),
         preview=preview,
         truncated_inline=over_cap,
         expires_at=job.expires_at(),
