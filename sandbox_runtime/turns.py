@@ -45,6 +45,7 @@ class TurnGate:
         self._lock = threading.Lock()
         self._open: dict[tuple[str, str | None], _Group] = {}
         self._shown: OrderedDict[tuple[str, str], int] = OrderedDict()
+        self._running: set[tuple[str, str]] = set()  # call ids in flight: the same id never runs twice at once
 
     def run(
         self,
@@ -58,21 +59,33 @@ class TurnGate:
         if turn_id is not None and not 0 < len(turn_id) <= _TURN_ID_MAX_CHARS:
             raise InvalidToolArguments(f"a turn id must be 1 to {_TURN_ID_MAX_CHARS} characters")
         key = (conversation_id, turn_id)
+        running = (conversation_id, item.call_id) if item.call_id else None
         with self._lock:
+            if running is not None and running in self._running:
+                raise InvalidToolArguments(f"call id {item.call_id!r} is already running in this conversation")
+            if running is not None:
+                self._running.add(running)
             group = self._open.get(key)
             if group is None:
                 group = self._open[key] = _Group(turn_id or f"turn-{uuid.uuid4().hex[:16]}")
             group.running += 1
         try:
-            prepared = self._dispatcher.prepare(conversation_id, item, approver=approver)
-        except BaseException:
-            if self._finish(key, group, None):
-                self._settle(conversation_id, turn_id, group)  # the others of the group still get decided
-            raise
-        if self._finish(key, group, prepared):
-            self._settle(conversation_id, turn_id, group)
-        elif not group.done.wait(self._wait_s):
-            raise SandboxRuntimeError(f"the other calls of turn {group.turn_id} did not finish in {self._wait_s:g} s")
+            try:
+                prepared = self._dispatcher.prepare(conversation_id, item, approver=approver)
+            except BaseException:
+                if self._finish(key, group, None):
+                    self._settle(conversation_id, turn_id, group)  # the others of the group still get decided
+                raise
+            if self._finish(key, group, prepared):
+                self._settle(conversation_id, turn_id, group)
+            elif not group.done.wait(self._wait_s):
+                raise SandboxRuntimeError(
+                    f"the other calls of turn {group.turn_id} did not finish in {self._wait_s:g} s"
+                )
+        finally:
+            if running is not None:
+                with self._lock:
+                    self._running.discard(running)
         if group.failure is not None:
             raise group.failure
         assert group.report is not None  # noqa: S101  (set by _settle, which had this call's result)

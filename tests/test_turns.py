@@ -1,0 +1,102 @@
+"""Turns of calls that arrive one by one: overlapping calls share one budget; one id never runs twice at once."""
+
+from __future__ import annotations
+
+import threading
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
+
+import pytest
+
+from sandbox_runtime import Runtime, ToolCall, ToolOutcome
+from sandbox_runtime.errors import InvalidToolArguments
+from sandbox_runtime.turns import TurnGate
+from tests.conftest import RuntimeFactory
+
+WAIT_S = 30.0
+OBJECT: dict[str, Any] = {"type": "object"}
+
+
+class Holder:
+    """A host tool that stays in flight until released, so other calls can overlap it."""
+
+    def __init__(self) -> None:
+        self.inside = threading.Event()
+        self.release = threading.Event()
+
+    def __call__(self, arguments: dict[str, Any]) -> str:
+        self.inside.set()
+        assert self.release.wait(WAIT_S)
+        return "held"
+
+
+class Big:
+    """A host tool with a 150,000-character result that counts its calls (a call has joined its turn by then)."""
+
+    def __init__(self) -> None:
+        self.called = threading.Semaphore(0)
+
+    def __call__(self, arguments: dict[str, Any]) -> str:
+        self.called.release()
+        return "b" * 150_000
+
+
+@pytest.fixture
+def runtime(runtime_factory: RuntimeFactory) -> tuple[Runtime, Holder, Big]:
+    runtime = runtime_factory()
+    holder, big = Holder(), Big()
+    runtime.register_tool("hold", holder, description="Wait.", input_schema=OBJECT)
+    runtime.register_tool("big", big, description="A large result.", input_schema=OBJECT)
+    return runtime, holder, big
+
+
+def run(pool: ThreadPoolExecutor, gate: TurnGate, tool: str, call_id: str) -> Future[tuple[ToolOutcome, Any]]:
+    return pool.submit(gate.run, "turns", ToolCall(tool=tool, call_id=call_id))
+
+
+def test_calls_that_overlap_in_time_share_one_budget(runtime: tuple[Runtime, Holder, Big]) -> None:
+    rt, holder, big = runtime
+    gate = TurnGate(rt.dispatcher, wait_s=WAIT_S)
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        held = run(pool, gate, "hold", "h1")
+        assert holder.inside.wait(WAIT_S)
+        bigs = [run(pool, gate, "big", f"b{n}") for n in range(2)]  # 300,000 characters join the open turn
+        assert all(big.called.acquire(timeout=WAIT_S) for _ in bigs)
+        holder.release.set()
+        outcomes = [f.result(timeout=WAIT_S)[0] for f in (held, *bigs)]
+    assert [o.replaced for o in outcomes].count(True) == 1  # one of the two large results gives way
+    assert sum(len(o.text) for o in outcomes) <= 200_000
+    turns = {d.call_id: d.turn_id for d in rt.conversation("turns").decisions()}
+    assert turns["h1"] == turns["b0"] == turns["b1"]
+
+    alone, _report = gate.run("turns", ToolCall(tool="big", call_id="b2"))  # nothing in flight: a turn of its own
+    assert not alone.replaced
+    assert rt.conversation("turns").decisions()[-1].turn_id != turns["h1"]
+
+
+def test_the_same_call_id_never_runs_twice_at_once(runtime: tuple[Runtime, Holder, Big]) -> None:
+    rt, holder, _big = runtime
+    gate = TurnGate(rt.dispatcher, wait_s=WAIT_S)
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        first = run(pool, gate, "hold", "same")
+        assert holder.inside.wait(WAIT_S)
+        with pytest.raises(InvalidToolArguments, match="already running"):
+            gate.run("turns", ToolCall(tool="hold", call_id="same"))
+        holder.release.set()
+        assert first.result(timeout=WAIT_S)[0].text.startswith("held")
+    again, _report = gate.run("turns", ToolCall(tool="hold", call_id="same"))
+    assert again.replayed  # afterwards the stored decision is given again, nothing runs
+
+
+def test_a_call_that_fails_to_start_does_not_hold_up_its_turn(runtime: tuple[Runtime, Holder, Big]) -> None:
+    rt, holder, _big = runtime
+    gate = TurnGate(rt.dispatcher, wait_s=WAIT_S)
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        held = run(pool, gate, "hold", "h2")
+        assert holder.inside.wait(WAIT_S)
+        with pytest.raises(InvalidToolArguments, match="call id"):
+            gate.run("turns", ToolCall(tool="big", call_id="bad\x00id"))
+        holder.release.set()
+        outcome, report = held.result(timeout=WAIT_S)
+    assert outcome.text.startswith("held")
+    assert [o.call_id for o in report.outcomes] == ["h2"]
