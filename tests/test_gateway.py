@@ -20,6 +20,7 @@ import pytest
 from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 
+from sandbox_runtime import Conversation
 from sandbox_runtime.mcp.gateway import Gateway
 from sandbox_runtime.policy import McpPolicy, UpstreamServer
 from sandbox_runtime.sample_data import make_sample_database
@@ -141,12 +142,17 @@ def test_an_mcp_client_sends_a_large_insert_by_delegate_call_and_gets_the_rows_a
     assert len(calls["delegate_call"].expanded) > 100_000
 
 
-def test_an_upstream_that_dies_gives_a_clear_error_and_is_restarted(
-    runtime_factory: RuntimeFactory, gateway: Gateway, sqlite_db: Path
-) -> None:
+@pytest.fixture
+def conversation(runtime_factory: RuntimeFactory, gateway: Gateway) -> Conversation:
+    """A conversation of a runtime whose tools include the gateway's upstream tools."""
     runtime = runtime_factory()
     gateway.register(runtime)
-    conversation = runtime.conversation("gateway-crash")
+    return runtime.conversation("gateway")
+
+
+def test_an_upstream_that_dies_gives_a_clear_error_and_is_restarted(
+    conversation: Conversation, gateway: Gateway, sqlite_db: Path
+) -> None:
     first = conversation.call("sqlite__list_tables", {})
     assert not first.is_error, first.text
 
@@ -162,12 +168,7 @@ def test_an_upstream_that_dies_gives_a_clear_error_and_is_restarted(
     assert conversation.call("time__get_current_time", {"timezone": "UTC"}).is_error is False  # the other one
 
 
-def test_an_upstream_that_hangs_times_out_and_is_replaced(
-    runtime_factory: RuntimeFactory, gateway: Gateway, sqlite_db: Path
-) -> None:
-    runtime = runtime_factory()
-    gateway.register(runtime)
-    conversation = runtime.conversation("gateway-hang")
+def test_an_upstream_that_hangs_times_out_and_is_replaced(conversation: Conversation, sqlite_db: Path) -> None:
     assert not conversation.call("sqlite__list_tables", {}).is_error
     stalled = upstream_pid(str(sqlite_db))
     os.kill(stalled, signal.SIGSTOP)
@@ -184,10 +185,7 @@ def test_an_upstream_that_hangs_times_out_and_is_replaced(
             os.kill(stalled, signal.SIGKILL)
 
 
-def test_results_of_upstream_tools_spill_like_any_other(runtime_factory: RuntimeFactory, gateway: Gateway) -> None:
-    runtime = runtime_factory()
-    gateway.register(runtime)
-    conversation = runtime.conversation("gateway-time")
+def test_results_of_upstream_tools_spill_like_any_other(conversation: Conversation) -> None:
     now = conversation.call("time__get_current_time", {"timezone": "Europe/Berlin"})
     assert not now.is_error
     assert json.loads(now.text)["timezone"] == "Europe/Berlin"  # structuredContent, the wrapper stripped

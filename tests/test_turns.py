@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
@@ -54,6 +55,18 @@ def run(pool: ThreadPoolExecutor, gate: TurnGate, tool: str, call_id: str) -> Fu
     return pool.submit(gate.run, "turns", ToolCall(tool=tool, call_id=call_id))
 
 
+def while_held(gate: TurnGate, holder: Holder, call_id: str, meanwhile: Callable[[], None]) -> tuple[ToolOutcome, Any]:
+    """Run ``hold`` as ``call_id``; while it is in flight run ``meanwhile``; then let it finish."""
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        held = run(pool, gate, "hold", call_id)
+        assert holder.inside.wait(WAIT_S)
+        try:
+            meanwhile()
+        finally:
+            holder.release.set()
+        return held.result(timeout=WAIT_S)
+
+
 def test_calls_that_overlap_in_time_share_one_budget(runtime: tuple[Runtime, Holder, Big]) -> None:
     rt, holder, big = runtime
     gate = TurnGate(rt.dispatcher, wait_s=WAIT_S)
@@ -77,13 +90,13 @@ def test_calls_that_overlap_in_time_share_one_budget(runtime: tuple[Runtime, Hol
 def test_the_same_call_id_never_runs_twice_at_once(runtime: tuple[Runtime, Holder, Big]) -> None:
     rt, holder, _big = runtime
     gate = TurnGate(rt.dispatcher, wait_s=WAIT_S)
-    with ThreadPoolExecutor(max_workers=2) as pool:
-        first = run(pool, gate, "hold", "same")
-        assert holder.inside.wait(WAIT_S)
+
+    def second() -> None:
         with pytest.raises(InvalidToolArguments, match="already running"):
             gate.run("turns", ToolCall(tool="hold", call_id="same"))
-        holder.release.set()
-        assert first.result(timeout=WAIT_S)[0].text.startswith("held")
+
+    first, _report = while_held(gate, holder, "same", second)
+    assert first.text.startswith("held")
     again, _report = gate.run("turns", ToolCall(tool="hold", call_id="same"))
     assert again.replayed  # afterwards the stored decision is given again, nothing runs
 
@@ -91,12 +104,11 @@ def test_the_same_call_id_never_runs_twice_at_once(runtime: tuple[Runtime, Holde
 def test_a_call_that_fails_to_start_does_not_hold_up_its_turn(runtime: tuple[Runtime, Holder, Big]) -> None:
     rt, holder, _big = runtime
     gate = TurnGate(rt.dispatcher, wait_s=WAIT_S)
-    with ThreadPoolExecutor(max_workers=2) as pool:
-        held = run(pool, gate, "hold", "h2")
-        assert holder.inside.wait(WAIT_S)
+
+    def bad() -> None:
         with pytest.raises(InvalidToolArguments, match="call id"):
             gate.run("turns", ToolCall(tool="big", call_id="bad\x00id"))
-        holder.release.set()
-        outcome, report = held.result(timeout=WAIT_S)
+
+    outcome, report = while_held(gate, holder, "h2", bad)
     assert outcome.text.startswith("held")
     assert [o.call_id for o in report.outcomes] == ["h2"]
