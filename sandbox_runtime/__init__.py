@@ -1,7 +1,7 @@
 """sandbox-runtime: hardened per-conversation sandboxes and a data path that bypasses model output."""
 
 from sandbox_runtime.approval import ApprovalRequest
-from sandbox_runtime.dispatch import HostResult, ToolCall, ToolOutcome, TurnReport
+from sandbox_runtime.calls import HostResult, ToolCall, ToolOutcome, TurnReport
 from sandbox_runtime.errors import (
     EngineUnavailable,
     FileTooLarge,

@@ -22,6 +22,7 @@ def test_the_public_names_are_exactly_all() -> None:
         "store",
         "state",
         "dispatch",
+        "calls",
         "execution",
         "approval",
         "turns",
