@@ -155,7 +155,7 @@ def clean_column(column: list[Any]) -> ColumnType:
         return "date"
     kinds: set[ColumnType] = {_KIND_OF_TYPE[t] for t in present if t in _KIND_OF_TYPE}
     if str in present:
-        kinds |= _string_kinds(column)
+        kinds |= _string_kinds(column if present == {str} else [v for v in column if type(v) is str])
     kind = type_from_kinds(kinds)
     if kind in ("date", "datetime"):
         parse = dt.date.fromisoformat if kind == "date" else _parse_datetime
@@ -163,9 +163,8 @@ def clean_column(column: list[Any]) -> ColumnType:
     return kind
 
 
-def _string_kinds(column: list[Any]) -> set[ColumnType]:
+def _string_kinds(strings: list[str]) -> set[ColumnType]:
     """The kinds of a column's strings: only a column whose first string looks like a date is looked at whole."""
-    strings = [v for v in column if type(v) is str]
     if not _DATE.match(strings[0]):
         return {"string"}
     if all(map(_DATE.fullmatch, strings)):

@@ -255,8 +255,8 @@ def row_line(row: Iterable[Cell]) -> bytes:
 
 def table_file_bytes(table: Table) -> bytes:
     """The whole table file: the header line, then one line per row."""
-    rows = dumps_lines(list(table.iter_rows()))
-    return header_line(table.columns, table.column_types).encode("utf-8", "surrogatepass") + rows
+    header = header_line(table.columns, table.column_types).encode("utf-8", "surrogatepass")
+    return dumps_lines(list(table.iter_rows()), prefix=header)
 
 
 def write_table_file(table: Table, out: IO[bytes]) -> int:
