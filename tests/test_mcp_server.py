@@ -117,6 +117,11 @@ def test_a_client_without_elicitation_gets_the_policys_fallback(served_state: Pa
             refused = await client.call_tool("attach_file", {"path": "/mnt/results/note.txt"})
             assert refused.is_error
             assert "no approver is available" in text_of(refused)
+            misnamed = await client.call_tool(
+                "read_file", {"path": "note.txt"}, meta={"sandbox-runtime/conversation": "not a valid id!"}
+            )
+            assert misnamed.is_error
+            assert text_of(misnamed).startswith("InvalidConversationId:")
 
     run_bounded(scenario)
 

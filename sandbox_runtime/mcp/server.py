@@ -34,7 +34,7 @@ from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
 from sandbox_runtime.approval import ApprovalRequest, Approver
 from sandbox_runtime.dispatch import ToolCall
-from sandbox_runtime.errors import InvalidToolArguments, SandboxRuntimeError
+from sandbox_runtime.errors import InvalidConversationId, InvalidToolArguments, SandboxRuntimeError
 from sandbox_runtime.mcp.resources import SCHEME, call_result, mime_type, read_resource, result_uri
 from sandbox_runtime.runtime import Runtime
 from sandbox_runtime.store.folders import validate_conversation_id
@@ -112,7 +112,7 @@ class McpService:
                 self.gate.run, conversation, item, turn_id=None if turn is None else str(turn), approver=approver
             )
             outcome, _report = await anyio.to_thread.run_sync(run)
-        except InvalidToolArguments as exc:
+        except (InvalidToolArguments, InvalidConversationId) as exc:  # the request's own values: the model reads why
             return _error_result(f"{type(exc).__name__}: {exc}")
         except SandboxRuntimeError as exc:
             logger.warning("tools/call %s failed in the runtime: %s", params.name, exc)
