@@ -286,7 +286,8 @@ class Runtime:
         ``handler`` gets the validated arguments and returns the result (text, JSON, an MCP ``CallToolResult``
         or a :class:`~sandbox_runtime.spill.streamed.TableStream`); an exception it raises becomes a tool error
         the model reads. ``input_schema`` is a JSON schema the arguments are validated against (after a
-        delegate_call expanded them).
+        delegate_call expanded them). A name outside ``^[a-zA-Z0-9_-]{1,64}$`` or a schema that is not a JSON
+        schema raises ``ValueError``.
         """
         self.tools[name] = host_tool(name, handler, description=description, schema=input_schema, mode=spill_mode)
 

@@ -227,3 +227,11 @@ def test_merge_patch_and_pointer_follow_their_rfcs() -> None:
     assert resolve_pointer(document, "/") == 1
     with pytest.raises(InvalidToolArguments, match="not an index"):
         resolve_pointer(document, "/a~1b/~0x/01")
+
+
+def test_a_host_tool_with_a_bad_name_or_schema_is_refused_when_registered(runtime: Runtime) -> None:
+    with pytest.raises(ValueError, match="tool names match"):
+        runtime.register_tool("crm.search", lambda a: a, description="Search.", input_schema={"type": "object"})
+    with pytest.raises(ValueError, match="not a valid JSON schema"):
+        runtime.register_tool("crm__search", lambda a: a, description="Search.", input_schema={"type": 5})
+    assert "crm__search" not in runtime.tools

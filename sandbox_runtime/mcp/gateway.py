@@ -16,8 +16,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import re
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import AbstractContextManager, AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -40,7 +39,6 @@ __all__ = ["Gateway", "UpstreamError", "UpstreamStatus"]
 logger = logging.getLogger(__name__)
 
 SEPARATOR = "__"
-_TOOL_NAME = re.compile(r"[a-zA-Z0-9_-]{1,64}")
 _RESTART_BACKOFF_MAX_S = 30.0
 
 
@@ -209,17 +207,16 @@ class Gateway:
         for upstream in self._upstreams.values():
             for tool in upstream.tools:
                 name = f"{upstream.name}{SEPARATOR}{tool.name}"
-                if not _TOOL_NAME.fullmatch(name):
-                    logger.warning(
-                        "upstream tool %r of %s cannot be exposed as %r (name rules)", tool.name, upstream.name, name
+                try:
+                    runtime.register_tool(
+                        name,
+                        _forward(self, upstream.name, tool.name),
+                        description=f"[{upstream.name}] {tool.description or tool.name}",
+                        input_schema=dict(tool.input_schema),
                     )
+                except ValueError as exc:  # a name past the rules, or a schema that is not one: left out, said
+                    logger.warning("upstream tool %r of %s is not offered: %s", tool.name, upstream.name, exc)
                     continue
-                runtime.register_tool(
-                    name,
-                    _forward(self, upstream.name, tool.name),
-                    description=f"[{upstream.name}] {tool.description or tool.name}",
-                    input_schema=dict(tool.input_schema),
-                )
                 names.append(name)
         return names
 
@@ -245,7 +242,7 @@ async def _stop(upstream: _Upstream) -> None:
     upstream.stop()
 
 
-def _forward(gateway: Gateway, upstream: str, tool: str) -> Any:
+def _forward(gateway: Gateway, upstream: str, tool: str) -> Callable[[dict[str, Any]], dict[str, Any]]:
     def call(arguments: dict[str, Any]) -> dict[str, Any]:
         return gateway.call(upstream, tool, arguments)
 

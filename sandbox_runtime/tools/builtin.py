@@ -8,6 +8,7 @@ from collections.abc import Callable
 from typing import Any
 
 from jsonschema import Draft202012Validator
+from jsonschema.exceptions import SchemaError
 
 from sandbox_runtime.errors import InvalidToolArguments, PathNotFound
 from sandbox_runtime.policy import Policy
@@ -172,7 +173,10 @@ def host_tool(
     """A spec for one of the host's own tools; its exceptions become tool errors."""
     if not _TOOL_NAME.fullmatch(name):
         raise ValueError(f"tool names match ^[a-zA-Z0-9_-]{{1,64}}$; {name!r} does not")
-    Draft202012Validator.check_schema(schema)
+    try:
+        Draft202012Validator.check_schema(schema)
+    except SchemaError as exc:
+        raise ValueError(f"the input schema of {name} is not a valid JSON schema: {exc.message}") from exc
 
     def run(ctx: ToolContext, arguments: dict[str, Any]) -> ToolReturn:
         try:
