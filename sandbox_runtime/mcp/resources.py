@@ -21,10 +21,11 @@ from pathlib import Path
 from typing import Any
 
 from sandbox_runtime.dispatch import ToolOutcome
-from sandbox_runtime.errors import FileTooLarge, PathNotFound, PathOutsideResults, UnsafeFileType
+from sandbox_runtime.errors import PathNotFound, PathOutsideResults, UnsafeFileType
 from sandbox_runtime.runtime import Runtime
 from sandbox_runtime.spill.spiller import ResultDescriptor
 from sandbox_runtime.state import Attachment
+from sandbox_runtime.store.capped import read_capped
 
 __all__ = ["SCHEME", "ResourceFile", "call_result", "read_resource", "result_uri"]
 
@@ -154,8 +155,5 @@ def _read_host_file(path: Path, cap_bytes: int) -> bytes:
         raise PathNotFound(f"the attachment file {path.name} is gone") from exc
     except OSError as exc:
         raise UnsafeFileType(f"the attachment file {path.name} cannot be read: {exc}") from exc
-    with os.fdopen(fd, "rb") as file:
-        data = file.read(cap_bytes + 1)
-    if len(data) > cap_bytes:
-        raise FileTooLarge(f"{path.name} is larger than store.read_max_bytes = {cap_bytes:,} bytes")
-    return data
+    with os.fdopen(fd, "rb", buffering=0) as file:
+        return read_capped(file, cap_bytes, label=f"the attachment file {path.name}")
