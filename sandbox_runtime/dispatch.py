@@ -78,6 +78,7 @@ class PreparedCall:
 
     item: ToolCall | HostResult
     call_id: str
+    ctx: ToolContext  # the context it ran in: its results folder is synced before the decision
     ran: Ran | None = None
     pending: _Pending | None = None
     stored: StoredResult | None = None
@@ -112,9 +113,7 @@ class Dispatcher:
     ) -> TurnReport:
         """Run (or take in) every item, spill, apply the turn budget, store the decisions, and report."""
         calls = [item if item.call_id else item.model_copy(update={"call_id": _new_call_id()}) for item in items]
-        ids = [_check_call_id(item.call_id) for item in calls]
-        if len(set(ids)) != len(ids):
-            raise InvalidToolArguments(f"call ids must be unique within a turn; repeated: {_repeated(ids)}")
+        ids = _unique([_check_call_id(item.call_id) for item in calls])  # checked before anything runs
         stored = self.state.stored_results(conversation_id, ids)
         ctx = self._context(conversation_id)
         prepared = self._prepare_all(ctx, calls, stored, approver)
@@ -144,13 +143,11 @@ class Dispatcher:
         ``shown_before_chars`` were already given to the model earlier in the same turn), and the decisions
         stored before anything is returned."""
         turn_id = turn_id or f"turn-{uuid.uuid4().hex[:16]}"
-        ids = [p.call_id for p in prepared]
-        if len(set(ids)) != len(ids):
-            raise InvalidToolArguments(f"call ids must be unique within a turn; repeated: {_repeated(ids)}")
+        ids = _unique([p.call_id for p in prepared])
         pending = {p.call_id: p.pending for p in prepared if p.pending is not None}
         stored = {p.call_id: p.stored for p in prepared if p.stored is not None}
         if any(p.descriptor is not None or p.error_path is not None for p in pending.values()):
-            self._sync(self._context(conversation_id), pending)  # one sync, before the decisions are stored
+            self._sync(prepared[0].ctx, pending)  # one sync of the folder, before the decisions are stored
         decision = self._budget(ids, stored, pending, shown_before_chars)
         now = self._clock()
         records = [
@@ -198,9 +195,9 @@ class Dispatcher:
         def prepare(item: ToolCall | HostResult) -> PreparedCall:
             call_id = item.call_id or ""
             if call_id in stored:
-                return PreparedCall(item=item, call_id=call_id, stored=stored[call_id])
+                return PreparedCall(item=item, call_id=call_id, ctx=ctx, stored=stored[call_id])
             ran = self._run_one(ctx, item, approver)
-            return PreparedCall(item=item, call_id=call_id, ran=ran, pending=self._spill(ctx, item, ran))
+            return PreparedCall(item=item, call_id=call_id, ctx=ctx, ran=ran, pending=self._spill(ctx, item, ran))
 
         if sum(isinstance(item, ToolCall) and item.call_id not in stored for item in items) <= 1:
             return [prepare(item) for item in items]
@@ -329,8 +326,11 @@ def _check_call_id(call_id: str | None) -> str:
     return call_id
 
 
-def _repeated(ids: list[str]) -> str:
-    return ", ".join(sorted(call_id for call_id, n in Counter(ids).items() if n > 1))
+def _unique(ids: list[str]) -> list[str]:
+    if len(set(ids)) != len(ids):
+        repeated = ", ".join(sorted(call_id for call_id, n in Counter(ids).items() if n > 1))
+        raise InvalidToolArguments(f"call ids must be unique within a turn; repeated: {repeated}")
+    return ids
 
 
 def _to_stored(conversation_id: str, turn_id: str, now: float, p: _Pending) -> StoredResult:
