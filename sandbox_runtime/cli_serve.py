@@ -13,7 +13,7 @@ import shlex
 import sys
 from typing import Any
 
-from sandbox_runtime.policy import Policy, load_policy, policy_from_mapping
+from sandbox_runtime.policy import Policy, load_policy
 
 __all__ = ["add_serve_parser", "cmd_serve", "serve_policy"]
 
@@ -27,21 +27,23 @@ def _named(value: str, what: str) -> tuple[str, str]:
 
 def serve_policy(args: argparse.Namespace) -> Policy:
     """The policy named by ``--policy`` with the flags of ``serve`` laid on top (validated again)."""
-    base = load_policy(args.policy)
-    data: dict[str, Any] = base.model_dump(mode="json")
+    mcp: dict[str, Any] = {"upstreams": {}}
+    changes: dict[str, Any] = {"mcp": mcp}
     if args.database is not None:
-        data["sql"]["database_path"] = str(os.path.abspath(args.database))
+        changes["sql"] = {"database_path": str(os.path.abspath(args.database))}
     if args.http is not None:
         host, _sep, port = args.http.rpartition(":")
-        data["mcp"]["http_port"] = int(port) if port else data["mcp"]["http_port"]
-        data["mcp"]["http_host"] = host.strip("[]") or data["mcp"]["http_host"]
+        if port:
+            mcp["http_port"] = int(port)
+        if host.strip("[]"):
+            mcp["http_host"] = host.strip("[]")
     for value in args.upstream:
         name, command = _named(value, "--upstream")
-        data["mcp"]["upstreams"][name] = {"command": shlex.split(command)}
+        mcp["upstreams"][name] = {"command": shlex.split(command)}
     for value in args.upstream_url:
         name, url = _named(value, "--upstream-url")
-        data["mcp"]["upstreams"][name] = {"url": url}
-    return policy_from_mapping(data, f"{args.policy} with the flags of serve")
+        mcp["upstreams"][name] = {"url": url}
+    return load_policy(args.policy).changed(changes, f"{args.policy} with the flags of serve")
 
 
 def cmd_serve(args: argparse.Namespace) -> int:

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from sandbox_runtime.dispatch import ToolOutcome
-from sandbox_runtime.policy import Policy, load_policy, policy_from_mapping
+from sandbox_runtime.policy import Policy, load_policy
 from sandbox_runtime.runtime import Conversation, Runtime, default_state_dir
 from sandbox_runtime.sample_data import make_sample_database
 
@@ -128,9 +128,7 @@ def _indent(text: str, limit: int = 900) -> str:
 def demo_policy(policy: str | Policy, database: Path) -> Policy:
     """The chosen policy with the demo's database configured for ``sql_query``."""
     base = policy if isinstance(policy, Policy) else load_policy(policy)
-    data = base.model_dump(mode="json")
-    data["sql"]["database_path"] = str(database)
-    return policy_from_mapping(data, "the demo's policy")
+    return base.changed({"sql": {"database_path": str(database)}}, "the demo's policy")
 
 
 def run_demo(

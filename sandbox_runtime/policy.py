@@ -12,7 +12,7 @@ import os
 import re
 import tomllib
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
@@ -253,10 +253,25 @@ class Policy(_Model):
     sql: SqlPolicy = SqlPolicy()
     mcp: McpPolicy = McpPolicy()
 
+    def changed(self, changes: dict[str, Any], source: str) -> Policy:
+        """This policy with ``changes`` (a nested mapping, like a policy file) laid on top, validated again;
+        ``source`` names them in errors."""
+        return policy_from_mapping(_merged(self.model_dump(mode="json"), changes), source)
+
     def digest(self) -> str:
         """A short, stable hash of every value; carried as a container label."""
         canonical = json.dumps(self.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(canonical.encode()).hexdigest()[:16]
+
+
+def _merged(base: dict[str, Any], changes: dict[str, Any]) -> dict[str, Any]:
+    merged = dict(base)
+    for key, value in changes.items():
+        if isinstance(value, dict) and isinstance(merged.get(key), dict):
+            merged[key] = _merged(merged[key], value)
+        else:
+            merged[key] = value
+    return merged
 
 
 def _describe(exc: ValidationError, source: str) -> str:

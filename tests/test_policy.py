@@ -108,3 +108,15 @@ def test_a_missing_policy_file_is_a_policy_error(tmp_path: Path) -> None:
 def test_the_policy_digest_changes_with_any_value() -> None:
     assert Policy().digest() == Policy().digest()
     assert Policy().digest() != load_policy("strict").digest()
+
+
+def test_a_policy_changed_in_code_keeps_the_rest_and_is_validated_again() -> None:
+    base = load_policy("strict")
+    changed = base.changed(
+        {"sql": {"timeout_s": 5.0}, "mcp": {"upstreams": {"t": {"url": "http://127.0.0.1:9/mcp"}}}}, "x"
+    )
+    assert changed.sql.timeout_s == 5.0
+    assert changed.sandbox == base.sandbox  # untouched sections stay as they were
+    assert changed.mcp.upstreams["t"].url == "http://127.0.0.1:9/mcp"
+    with pytest.raises(PolicyError, match="the flags"):
+        base.changed({"mcp": {"upstreams": {"t": {}}}}, "the flags")  # neither command nor url
