@@ -14,6 +14,7 @@ from sandbox_runtime.errors import (
     PathOutsideResults,
     PathRejected,
     PolicyError,
+    QueryFailed,
     QuotaError,
     SandboxError,
     SandboxGone,
@@ -21,6 +22,7 @@ from sandbox_runtime.errors import (
     SelfCheckFailed,
     UnknownTool,
     UnsafeFileType,
+    UpstreamError,
 )
 from sandbox_runtime.policy import Policy, load_policy
 from sandbox_runtime.runtime import Conversation, Runtime, SavedResult
@@ -47,6 +49,7 @@ __all__ = [
     "PathRejected",
     "Policy",
     "PolicyError",
+    "QueryFailed",
     "QuotaError",
     "ResultDescriptor",
     "RunPythonResult",
@@ -62,5 +65,6 @@ __all__ = [
     "TurnReport",
     "UnknownTool",
     "UnsafeFileType",
+    "UpstreamError",
     "load_policy",
 ]

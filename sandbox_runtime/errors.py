@@ -9,7 +9,8 @@ raises, runs out of time or memory) are *results* with ``is_error`` set, never e
     ├── PolicyError (ValueError)               a policy file or value is invalid
     ├── InvalidConversationId (ValueError)     a conversation id has bad characters or length
     ├── InvalidToolArguments (ValueError)      a tool call's arguments do not fit its schema or the policy's caps
-    │   └── UnknownTool                        no tool has that name
+    │   ├── UnknownTool                        no tool has that name
+    │   └── QueryFailed                        SQLite refused or stopped a sql_query (says why)
     ├── PathRejected (PermissionError)         a model-supplied path is refused
     │   ├── PathOutsideResults                 it resolves outside the results folder (or is malformed)
     │   ├── UnsafeFileType                     symlink, FIFO, device, socket, directory, hard link, other device
@@ -22,6 +23,7 @@ raises, runs out of time or memory) are *results* with ``is_error`` set, never e
     ├── ImageError                             the executor image is missing or could not be built
     ├── SandboxError                           a container could not be created, started or used
     │   └── SandboxGone                        the container was removed or stopped behind the runtime's back
+    ├── UpstreamError                          an upstream MCP server is down, died in a call, or did not answer
     └── QuotaError (OSError)                   the per-conversation disk quota could not be set up
 
 Built-in mix-ins let callers catch ``ValueError``, ``PermissionError``, ``ConnectionError`` or ``OSError``
@@ -42,6 +44,7 @@ __all__ = [
     "PathOutsideResults",
     "PathRejected",
     "PolicyError",
+    "QueryFailed",
     "QuotaError",
     "SandboxError",
     "SandboxGone",
@@ -49,6 +52,7 @@ __all__ = [
     "SelfCheckFailed",
     "UnknownTool",
     "UnsafeFileType",
+    "UpstreamError",
 ]
 
 
@@ -70,6 +74,10 @@ class InvalidToolArguments(SandboxRuntimeError, ValueError):
 
 class UnknownTool(InvalidToolArguments):
     """A call named a tool that does not exist; the message lists the tools there are."""
+
+
+class QueryFailed(InvalidToolArguments):
+    """SQLite refused or stopped a ``sql_query`` (syntax, unknown table, a write, the time limit); says why."""
 
 
 class PathRejected(SandboxRuntimeError, PermissionError):
@@ -118,6 +126,10 @@ class SandboxError(SandboxRuntimeError):
 
 class SandboxGone(SandboxError):
     """The conversation's container no longer exists or is not running (removed or stopped from outside)."""
+
+
+class UpstreamError(SandboxRuntimeError):
+    """An upstream MCP server is down, died during a call, or did not answer in time; the model reads why."""
 
 
 class QuotaError(SandboxRuntimeError, OSError):

@@ -30,20 +30,16 @@ from mcp import ClientSession, StdioServerParameters, stdio_client
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
 
-from sandbox_runtime.errors import SandboxRuntimeError
+from sandbox_runtime.errors import UpstreamError
 from sandbox_runtime.policy import McpPolicy, UpstreamServer
 from sandbox_runtime.runtime import Runtime
 
-__all__ = ["Gateway", "UpstreamError", "UpstreamStatus"]
+__all__ = ["Gateway", "UpstreamStatus"]
 
 logger = logging.getLogger(__name__)
 
 SEPARATOR = "__"
 _RESTART_BACKOFF_MAX_S = 30.0
-
-
-class UpstreamError(SandboxRuntimeError):
-    """An upstream MCP server is down, died during a call, or did not answer in time; the model reads why."""
 
 
 @dataclass

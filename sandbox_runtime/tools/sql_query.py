@@ -20,11 +20,11 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from sandbox_runtime.errors import InvalidToolArguments
+from sandbox_runtime.errors import QueryFailed
 from sandbox_runtime.policy import SqlPolicy
 from sandbox_runtime.spill.streamed import TableStream
 
-__all__ = ["SQL_QUERY_DESCRIPTION", "QueryFailed", "SqlQueryArgs", "sql_query"]
+__all__ = ["SQL_QUERY_DESCRIPTION", "SqlQueryArgs", "sql_query"]
 
 logger = logging.getLogger(__name__)
 
@@ -44,10 +44,6 @@ _RECURSIVE = getattr(sqlite3, "SQLITE_RECURSIVE", 33)
 _READ_PRAGMAS = frozenset({"table_info", "table_xinfo", "index_list", "index_info", "foreign_key_list"})
 
 Scalar = str | int | float | bool | None
-
-
-class QueryFailed(InvalidToolArguments):
-    """SQLite refused or stopped the query (syntax, unknown table, a write, the time limit); the model reads why."""
 
 
 class SqlQueryArgs(BaseModel):
