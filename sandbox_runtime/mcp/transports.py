@@ -10,6 +10,7 @@ from __future__ import annotations
 import hmac
 import ipaddress
 import logging
+import socket
 from collections.abc import Callable
 from typing import Any
 
@@ -101,21 +102,16 @@ def serve_http(
     token: str | None,
     on_ready: Callable[[str], None] | None = None,
 ) -> None:
-    """Serve streamable HTTP until interrupted; ``on_ready`` gets the endpoint URL once the port is bound."""
-    server = uvicorn.Server(
-        uvicorn.Config(http_app(service, host, token), host=host, port=port, log_level="warning", lifespan="on")
-    )
-
-    async def main() -> None:
-        async with anyio.create_task_group() as tasks:
-            tasks.start_soon(server.serve)
-            while not server.started:
-                if server.should_exit:
-                    return
-                await anyio.sleep(0.02)
-            bound = server.servers[0].sockets[0].getsockname()
-            shown = f"[{bound[0]}]" if ":" in bound[0] else bound[0]
-            if on_ready is not None:
-                on_ready(f"http://{shown}:{bound[1]}{MCP_HTTP_PATH}")
-
-    anyio.run(main)
+    """Serve streamable HTTP until interrupted; ``on_ready`` gets the endpoint URL once the port listens
+    (the socket is bound here first, so port 0 gives a free port and its number is known at once)."""
+    app = http_app(service, host, token)
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as listener:
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind((host, port))
+        listener.listen(socket.SOMAXCONN)
+        bound_host, bound_port = listener.getsockname()[:2]
+        if on_ready is not None:
+            shown = f"[{bound_host}]" if ":" in bound_host else bound_host
+            on_ready(f"http://{shown}:{bound_port}{MCP_HTTP_PATH}")
+        uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on")).run(sockets=[listener])
