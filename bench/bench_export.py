@@ -34,11 +34,7 @@ import io
 import itertools
 import json
 import multiprocessing
-import os
-import platform
-import shutil
 import statistics
-import tempfile
 import time
 from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
@@ -46,7 +42,7 @@ from functools import partial
 from pathlib import Path
 
 import xlsxwriter  # type: ignore[import-untyped]  # XlsxWriter ships no py.typed marker
-from benchkit import Met, interleaved, line, pair
+from benchkit import Met, bench_run, interleaved, line, pair, print_targets
 
 from sandbox_runtime.policy import SpillPolicy
 from sandbox_runtime.spill.spiller import spill_result
@@ -245,27 +241,17 @@ def main() -> None:
     reps = {"xlsx": 3, "csv": 5} if opts.quick else {"xlsx": 7, "csv": 15}
     xlsx_rows = opts.xlsx_memory_rows or (memory_rows if opts.quick else 300_000)  # 1,000,000: ~2½ min more
 
-    work = Path(tempfile.mkdtemp(prefix="sandbox-bench-export-", dir=opts.dir))
-    started = time.monotonic()
-    try:
+    with bench_run("sandbox-bench-export-", opts.dir) as work:
         ex = Exports(work / "results")
-        print(f"machine: nproc={len(os.sched_getaffinity(0))}, python={platform.python_version()}, dir={work}")
-        print("cases and baselines interleaved per repetition (order flips each round); one untimed warm-up each")
-        print(f"\n  {'case':<56}{'n':>6}{'p50':>13}{'p90':>13}{'ratio':>8}")
         met: Met = []
         speed(ex, rows, reps, met)
         memory(ex, memory_rows, xlsx_rows, met)
         call_bytes(ex, met)
-        print("\ntargets")
-        for what, target, value, ok in met:
-            print(f"  {what:<72}{target:<12}{value:>10}  {'met' if ok else 'NOT MET'}")
+        print_targets(met)
         if opts.quick:
             print(f"  (--quick: {rows:,} rows timed, {memory_rows:,} for memory; the targets are for the full run)")
         if xlsx_rows != memory_rows:
             print(f"  (XLSX memory measured at {xlsx_rows:,} rows, not {memory_rows:,}, to keep the run under ~8 min)")
-        print(f"\nwall time {time.monotonic() - started:.0f} s (all temporary files are removed now)")
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
 
 
 if __name__ == "__main__":

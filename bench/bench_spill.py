@@ -33,11 +33,8 @@ import gc
 import itertools
 import json
 import os
-import platform
 import random
-import shutil
 import statistics
-import tempfile
 import time
 import tracemalloc
 from collections.abc import Callable, Iterator
@@ -46,7 +43,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from benchkit import Met, interleaved, line, pair
+from benchkit import Met, bench_run, interleaved, line, pair, print_targets
 
 from sandbox_runtime.policy import SpillPolicy
 from sandbox_runtime.spill.spiller import SpillOutcome, spill_result
@@ -292,26 +289,16 @@ def main() -> None:
     small_reps, json_reps, sync_reps = (200, 10, 20) if opts.quick else (1000, 30, 60)
     rows, files = (10_000, 10_000) if opts.quick else (100_000, 100_000)
 
-    work = Path(tempfile.mkdtemp(prefix="sandbox-bench-spill-", dir=opts.dir))
-    started = time.monotonic()
-    try:
+    with bench_run("sandbox-bench-spill-", opts.dir) as work:
         sp = Spiller(work / "results")
-        print(f"machine: nproc={len(os.sched_getaffinity(0))}, python={platform.python_version()}, dir={work}")
-        print("cases and baselines interleaved per repetition (order flips each round); one untimed warm-up each")
-        print(f"\n  {'case':<56}{'n':>6}{'p50':>13}{'p90':>13}{'ratio':>8}")
         met: Met = []
         small_text(sp, small_reps, sync_reps, met)
         json_results(sp, json_reps, met)
         streamed(sp, rows, met)
         retention(work, files, opts.gc_rounds or (2 if opts.quick else 1), met, opts.gc_on)
-        print("\ntargets")
-        for what, target, value, ok in met:
-            print(f"  {what:<42}{target:<30}{value:>10}  {'met' if ok else 'NOT MET'}")
+        print_targets(met)
         if opts.quick:
             print("  (--quick: smaller sizes; the memory and gc targets are meant for the full run)")
-        print(f"\nwall time {time.monotonic() - started:.0f} s (all temporary files are removed now)")
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
 
 
 if __name__ == "__main__":

@@ -2,13 +2,19 @@
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import math
+import os
+import platform
+import shutil
 import statistics
+import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from pathlib import Path
 
-__all__ = ["Met", "interleaved", "line", "pair", "percentile"]
+__all__ = ["Met", "bench_run", "interleaved", "line", "pair", "percentile", "print_targets"]
 
 Met = list[tuple[str, str, str, bool]]  # (what, target, measured, met?) for the closing "targets" block
 
@@ -52,3 +58,28 @@ def pair(
     line(*case, scale, unit, ratio)
     line(*base, scale, unit)
     return statistics.median(case[1]) * scale, ratio
+
+
+@contextlib.contextmanager
+def bench_run(prefix: str, parent: str) -> Iterator[Path]:
+    """A fresh work folder for one run: the machine and column headers printed first, the wall time last, and
+    every file removed at the end."""
+    work = Path(tempfile.mkdtemp(prefix=prefix, dir=parent))
+    started = time.monotonic()
+    try:
+        print(f"machine: nproc={len(os.sched_getaffinity(0))}, python={platform.python_version()}, dir={work}")
+        print("cases and baselines interleaved per repetition (order flips each round); one untimed warm-up each")
+        print(f"\n  {'case':<56}{'n':>6}{'p50':>13}{'p90':>13}{'ratio':>8}")
+        yield work
+        print(f"\nwall time {time.monotonic() - started:.0f} s (all temporary files are removed now)")
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def print_targets(met: Met) -> None:
+    """The closing block: each target, what was measured, and met or not."""
+    what_width = max((len(m[0]) for m in met), default=0) + 2
+    target_width = max((len(m[1]) for m in met), default=0) + 2
+    print("\ntargets")
+    for what, target, value, ok in met:
+        print(f"  {what:<{what_width}}{target:<{target_width}}{value:>10}  {'met' if ok else 'NOT MET'}")
