@@ -8,6 +8,7 @@ Handlers raise typed errors for bad input (:class:`~sandbox_runtime.errors.Inval
 from __future__ import annotations
 
 import datetime as dt
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -83,10 +84,16 @@ class ToolSpec:
     schema: dict[str, Any] | None = None  # the JSON schema of a host tool's arguments
 
     def input_schema(self) -> dict[str, Any]:
-        """The JSON schema of the arguments (what MCP's ``tools/list`` shows)."""
+        """The JSON schema of the arguments (what MCP's ``tools/list`` shows); made once per argument model and shared,
+        so read it, never change it."""
         if self.arguments is not None:
-            return self.arguments.model_json_schema()
+            return _model_schema(self.arguments)
         return self.schema or {"type": "object"}
+
+
+@functools.cache
+def _model_schema(model: type[BaseModel]) -> dict[str, Any]:
+    return model.model_json_schema()
 
 
 def validate_arguments(spec: ToolSpec, raw: object, *, label: str | None = None) -> Any:
