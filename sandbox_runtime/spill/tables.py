@@ -21,7 +21,7 @@ import operator
 import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from typing import IO, Any
+from typing import Any
 
 from sandbox_runtime.spill.cells import Cell, ColumnType, clean_column, coerce, text_cell
 from sandbox_runtime.spill.jsonio import dumps_compact, dumps_lines, loads
@@ -38,7 +38,6 @@ __all__ = [
     "row_line",
     "table_file_bytes",
     "unique_names",
-    "write_table_file",
 ]
 
 TABLE_FORMAT = "sandbox-runtime.table"
@@ -257,14 +256,6 @@ def table_file_bytes(table: Table) -> bytes:
     """The whole table file: the header line, then one line per row."""
     header = header_line(table.columns, table.column_types).encode("utf-8", "surrogatepass")
     return dumps_lines(list(table.iter_rows()), prefix=header)
-
-
-def write_table_file(table: Table, out: IO[bytes]) -> int:
-    """Write the header and one line per row; returns the number of rows written."""
-    out.write(header_line(table.columns, table.column_types).encode("utf-8", "surrogatepass"))
-    for row in table.iter_rows():
-        out.write(row_line(row))
-    return table.row_count
 
 
 def iter_table_file(lines: Iterable[str]) -> Iterator[tuple[tuple[str, ...], tuple[ColumnType, ...], list[Cell]]]:
