@@ -36,7 +36,7 @@ from sandbox_runtime.execution import CallRunner, Ran
 from sandbox_runtime.policy import Policy
 from sandbox_runtime.spill.budget import BudgetCandidate, BudgetDecision, plan_turn_budget
 from sandbox_runtime.spill.failures import spill_error
-from sandbox_runtime.spill.spiller import ResultDescriptor, spill_result, unwrap_result
+from sandbox_runtime.spill.spiller import ResultDescriptor, result_text, spill_result
 from sandbox_runtime.spill.streamed import TableStream
 from sandbox_runtime.state import CallRecord, StateDB, StoredResult
 from sandbox_runtime.tools.base import SpillMode, ToolContext, ToolSpec
@@ -243,7 +243,7 @@ class Dispatcher:
         mode, threshold = self._mode(item, tool)
         now = dt.datetime.fromtimestamp(self._clock(), dt.UTC)
         if mode == "self_bounded":
-            pending.body = unwrap_result(ret.content)[0]
+            pending.body = result_text(ret.content)
         else:
             spilled = spill_result(
                 ctx.root,

@@ -18,7 +18,7 @@ from typing import Any
 from sandbox_runtime.approval import Approver, judge, make_request
 from sandbox_runtime.errors import InvalidToolArguments, PathNotFound, PathRejected, UnknownTool
 from sandbox_runtime.policy import Policy
-from sandbox_runtime.spill.spiller import is_mcp_error, unwrap_result
+from sandbox_runtime.spill.spiller import is_mcp_error, result_text
 from sandbox_runtime.state import CallRecord
 from sandbox_runtime.tools.base import ToolContext, ToolReturn, ToolSpec, expired_or, validate_arguments
 from sandbox_runtime.tools.delegate import DelegateCallArgs, expand_delegate_call
@@ -64,7 +64,7 @@ class CallRunner:
     def host_result(self, tool: str, result: object, is_error: bool) -> Ran:
         now = self._clock()
         if is_error or is_mcp_error(result):
-            ret = ToolReturn(is_error=True, error=unwrap_result(result)[0])
+            ret = ToolReturn(is_error=True, error=result_text(result))
         else:
             ret = ToolReturn(content=result)
         return Ran(ret=ret, target=tool, expanded=None, source=None, started_at=now, finished_at=now)

@@ -22,6 +22,7 @@ __all__ = [
     "cell",
     "clean_column",
     "coerce",
+    "date_like",
     "text_cell",
     "type_from_kinds",
     "value_type",
@@ -49,6 +50,12 @@ def cell(value: object) -> Cell:
     if isinstance(value, dict | list | tuple):
         return json.dumps(value, ensure_ascii=False, separators=(",", ":"), default=str)
     return str(value)
+
+
+def date_like(text: str) -> bool:
+    """Whether a text starts like an ISO date (YYYY-MM-DD): only a column whose first string does is looked at
+    as dates."""
+    return _DATE.match(text) is not None
 
 
 def text_cell(text: str) -> Cell:
@@ -151,7 +158,7 @@ def clean_column(column: list[Any]) -> ColumnType:
     elif not present <= _SCALARS:  # nested values and other objects become text
         column[:] = map(cell, column)
         present = set(map(type, column))
-    if present == {str} and _DATE.match(column[0]) and _all_iso_dates(column):
+    if present == {str} and date_like(column[0]) and _all_iso_dates(column):
         return "date"
     kinds: set[ColumnType] = {_KIND_OF_TYPE[t] for t in present if t in _KIND_OF_TYPE}
     if str in present:
@@ -165,7 +172,7 @@ def clean_column(column: list[Any]) -> ColumnType:
 
 def _string_kinds(strings: list[str]) -> set[ColumnType]:
     """The kinds of a column's strings: only a column whose first string looks like a date is looked at whole."""
-    if not _DATE.match(strings[0]):
+    if not date_like(strings[0]):
         return {"string"}
     if all(map(_DATE.fullmatch, strings)):
         return {"date"} if all(map(_is_date, strings)) else {"string"}

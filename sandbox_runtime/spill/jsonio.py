@@ -1,10 +1,11 @@
-"""JSON on the spill's hot path: orjson where it can, the standard library where orjson refuses.
+"""JSON on the spill's hot path: msgspec parses, orjson writes, the standard library takes what they refuse.
 
-orjson is several times faster, but refuses some values the standard library takes: lone surrogates, integers
-beyond 64 bits, non-string keys, nesting deeper than 1,024 levels, NaN literals in input. Those fall back to
-``json``, so every value that worked before still works, only slower. Both write the same layout: compact rows
-(no spaces) and two-space indentation for pretty output; NaN and infinities never reach here (cells map them
-to NULL).
+Both are several times faster than ``json``, but refuse some values it takes: lone surrogates, NaN literals and
+numbers out of range in input; integers beyond 64 bits, non-string keys and nesting deeper than 1,024 levels in
+output. Those fall back to ``json``, so every value that worked before still works, only slower. Parsing is
+msgspec's because orjson turns integers beyond 64 bits into floats (12345678901234567890123 would come back as
+1.2345678901234568e+22). Both write the same layout: compact rows (no spaces) and two-space indentation for
+pretty output; NaN and infinities never reach here (cells map them to NULL).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import json
 from collections.abc import Iterable, Iterator
 from typing import Any
 
+import msgspec
 import orjson
 
 __all__ = ["dumps_compact", "dumps_lines", "dumps_pretty", "loads", "paused_gc"]
@@ -40,8 +42,8 @@ def paused_gc() -> Iterator[None]:
 def loads(text: str) -> Any:
     """Parse JSON text; raises ``ValueError`` (or ``RecursionError`` for absurd nesting) when it is not JSON."""
     try:
-        return orjson.loads(text)
-    except orjson.JSONDecodeError:
+        return msgspec.json.decode(text)
+    except (msgspec.DecodeError, UnicodeEncodeError):  # not JSON to msgspec, or a str holding lone surrogates
         return json.loads(text)
 
 

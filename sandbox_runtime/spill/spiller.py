@@ -24,6 +24,7 @@ from pydantic import BaseModel, ConfigDict
 
 from sandbox_runtime.errors import PathExists, PathRejected
 from sandbox_runtime.policy import SpillPolicy
+from sandbox_runtime.spill.fast_json import SpillFile, SpillFormat, fast_json_file
 from sandbox_runtime.spill.jsonio import dumps_compact, dumps_pretty, loads, paused_gc
 from sandbox_runtime.spill.manifest import record_in_manifest
 from sandbox_runtime.spill.streamed import StreamedFile, TableStream, buffer_or_stream
@@ -36,13 +37,12 @@ __all__ = [
     "file_stem",
     "is_mcp_error",
     "publish_once",
+    "result_text",
     "spill_result",
-    "unwrap_result",
 ]
 
 logger = logging.getLogger(__name__)
 
-SpillFormat = Literal["json", "table", "text"]
 DescribedFormat = Literal["json", "table", "text", "csv", "xlsx"]  # spills, and the files tools build
 _TOO_DEEP = "[value not shown"
 _PREVIEW_ROWS = 50  # rows of a streamed table kept for its preview
@@ -90,14 +90,18 @@ def is_mcp_error(result: object) -> bool:
     return isinstance(result, dict) and isinstance(result.get("content"), list) and result.get("isError") is True
 
 
-def unwrap_result(result: object) -> tuple[str, Any]:
-    """The text the model would see inline, and the JSON value inside it (None when it holds none).
+def result_text(result: object) -> str:
+    """The text the model would see inline for ``result``.
 
     MCP results lose their wrapper: ``structuredContent`` wins; otherwise the blocks are joined — text as it is,
     embedded text resources with their URI, other blocks (images, audio, binary resources, links) named with
-    their type and size, never inlined — and a text that is serialized JSON becomes that value. Bytes are
-    decoded as UTF-8 (invalid bytes replaced).
+    their type and size, never inlined. Bytes are decoded as UTF-8 (invalid bytes replaced).
     """
+    return _unwrap(result)[0]
+
+
+def _unwrap(result: object) -> tuple[str, Any]:
+    """The text, and the value when the result already is a structured one (None for text, not parsed here)."""
     if isinstance(result, dict) and isinstance(result.get("content"), list):
         if result.get("structuredContent") is not None:
             value = result["structuredContent"]
@@ -106,7 +110,7 @@ def unwrap_result(result: object) -> tuple[str, Any]:
     if isinstance(result, bytes | bytearray | memoryview):
         result = bytes(result).decode("utf-8", errors="replace")
     if isinstance(result, str):
-        return result, _json_in(result)
+        return result, None
     if isinstance(result, dict | list | tuple):
         text = _compact(result)
         return (text, result) if not text.startswith(_TOO_DEEP) else (text, None)
@@ -158,13 +162,19 @@ def file_stem(tool: str, call_id: str) -> str:
     return stem
 
 
-def _payload(text: str, value: Any) -> tuple[SpillFormat, bytes, Table | None]:
+def _payload(text: str, value: Any) -> SpillFile:
+    """The file for a result: JSON text on the fast path when it takes it, else parsed and recognised here."""
+    if value is None:
+        fast = fast_json_file(text)
+        if fast is not None:
+            return fast
+        value = _json_in(text)
     found = recognise_table(value if value is not None else text)
     if isinstance(found, Table):
-        return "table", table_file_bytes(found), found
+        return SpillFile("table", table_file_bytes(found), found.row_count, found.columns, found.column_types)
     if value is not None:
-        return "json", dumps_pretty(value), None
-    return "text", text.encode("utf-8", "surrogatepass"), None
+        return SpillFile("json", dumps_pretty(value))
+    return SpillFile("text", text.encode("utf-8", "surrogatepass"))
 
 
 _EXTENSION: dict[SpillFormat, str] = {"json": ".json", "table": ".table.jsonl", "text": ".txt"}
@@ -193,14 +203,11 @@ def spill_result(
                 return _spill_streamed(job, found)
         result = found
     with paused_gc():
-        text, value = unwrap_result(result)
+        text, value = _unwrap(result)
         if len(text) < threshold:
             return SpillOutcome(text=text)
-        kind, data, table = _payload(text, value)
-        rows, columns, types = (
-            (None, None, None) if table is None else (table.row_count, table.columns, table.column_types)
-        )
-        del value, table  # freed while the collector is paused, so it never walks the parsed values
+        kind, data, rows, columns, types = _payload(text, value)
+        del value  # freed while the collector is paused, so it never walks the parsed values
     over_cap = len(text) > policy.inline_cap_chars
     preview = text[: policy.preview_chars]
     stem = file_stem(tool, call_id)

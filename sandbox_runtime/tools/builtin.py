@@ -12,7 +12,7 @@ from jsonschema.exceptions import SchemaError
 
 from sandbox_runtime.errors import InvalidToolArguments, PathNotFound
 from sandbox_runtime.policy import Policy
-from sandbox_runtime.spill.spiller import ResultDescriptor, is_mcp_error, unwrap_result
+from sandbox_runtime.spill.spiller import ResultDescriptor, is_mcp_error, result_text
 from sandbox_runtime.tools.attach import ATTACH_FILE_DESCRIPTION, AttachFileArgs, attach_file
 from sandbox_runtime.tools.base import SpillMode, ToolContext, ToolReturn, ToolSpec, expired_or
 from sandbox_runtime.tools.delegate import DELEGATE_CALL_DESCRIPTION, DelegateCallArgs
@@ -185,7 +185,7 @@ def host_tool(
             logger.info("host tool %s failed: %s", name, exc)
             return ToolReturn(is_error=True, error=f"{type(exc).__name__}: {exc}")
         if is_mcp_error(result):
-            return ToolReturn(is_error=True, error=unwrap_result(result)[0])  # an MCP tool error keeps its flag
+            return ToolReturn(is_error=True, error=result_text(result))  # an MCP tool error keeps its flag
         return ToolReturn(content=result)
 
     return ToolSpec(name, description, None, run, spill_mode=mode, schema=schema)
