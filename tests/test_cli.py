@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import subprocess
@@ -10,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from sandbox_runtime.errors import EngineUnavailable
 from sandbox_runtime.sandbox.docker_backend import DockerBackend
 
 pytestmark = pytest.mark.docker
@@ -63,6 +65,12 @@ def test_an_unreachable_engine_exits_3_with_a_clear_message(tmp_path: Path) -> N
     done = cli("--state-dir", str(tmp_path), "doctor", env={"DOCKER_HOST": f"unix://{tmp_path}/no.sock"})
     assert done.returncode == 3
     assert "Docker engine" in done.stderr
+
+
+def test_an_unreachable_engine_is_a_clear_error_that_leaves_no_socket_open(tmp_path: Path) -> None:
+    with pytest.raises(EngineUnavailable, match=r"no\.sock: No such file or directory\); is dockerd running\?"):
+        DockerBackend({"DOCKER_HOST": f"unix://{tmp_path}/no.sock"})
+    gc.collect()  # a leaked socket would warn here, and warnings are errors in this suite
 
 
 def test_a_bad_policy_file_exits_2_naming_the_field(tmp_path: Path) -> None:

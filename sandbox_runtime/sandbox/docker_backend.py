@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import socket
 import subprocess
 import time
 from collections.abc import Iterator, Mapping
@@ -41,6 +42,7 @@ _STDOUT, _STDERR = 1, 2
 _EXIT_CODE_WAIT_S = 5.0
 _RUNTIME_FAILURE_EXIT = 126  # 126-128: the OCI runtime, not the code, ended the exec
 _GVISOR_SANDBOX_LOST = b'urpc method "containerManager.WaitPID" failed: EOF'
+_DEFAULT_SOCKET = "/var/run/docker.sock"
 
 
 @contextlib.contextmanager
@@ -61,6 +63,20 @@ def _mapped(action: str, error: type[Exception] = SandboxError) -> Iterator[None
             f"{action}: cannot reach the Docker engine ({exc}). Start it (see README: scripts/setup.sh) or set "
             "DOCKER_HOST to a running engine."
         ) from exc
+
+
+def _knock(base_url: str, timeout_s: float) -> None:
+    """Connect to a local engine's socket once, and close it: docker-py leaks the socket of a connection that
+    fails (an unraisable ResourceWarning at garbage collection), so an engine that is not there is found here."""
+    scheme, _, path = base_url.partition("://")
+    if scheme not in ("unix", "http+unix"):
+        return
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        sock.settimeout(timeout_s)
+        try:
+            sock.connect(path)
+        except OSError as exc:
+            raise ConnectionError(f"{path}: {exc.strerror or exc}") from exc
 
 
 def _container_info(attrs: Mapping[str, Any], warnings: tuple[str, ...] = ()) -> ContainerInfo:
@@ -90,8 +106,10 @@ class DockerBackend(SandboxBackend):
 
     def __init__(self, environment: Mapping[str, str] | None = None, timeout_s: float = 60.0) -> None:
         env = dict(os.environ if environment is None else environment)
+        options = kwargs_from_env(environment=env)
         with _mapped("connect", EngineUnavailable):
-            self._client = docker.DockerClient(**kwargs_from_env(environment=env), timeout=int(timeout_s))
+            _knock(str(options.get("base_url") or f"unix://{_DEFAULT_SOCKET}"), timeout_s)
+            self._client = docker.DockerClient(**options, timeout=int(timeout_s))
         self._api = self._client.api
         self._host_pids_visible = False
         self._first_pids: dict[str, int] = {}  # container id -> host pid of its first process
