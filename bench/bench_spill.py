@@ -10,7 +10,8 @@ that goes first alternates), so machine noise hits both alike; compare the p50 r
    same folder; separately, one ``root.sync()`` (syncfs) and ``spill_result(durable=True)``.
 2. A 1 MB JSON text (nested, not a table) beside stdlib ``json.loads`` + ``json.dumps(indent=2,
    ensure_ascii=False)`` + a file write; then the same value written with ``\\u`` escapes for non-ASCII (as
-   ``json.dumps`` does by default), which the spill parses and writes again instead of re-indenting the text.
+   ``json.dumps`` does by default; they are kept as written), and one with Chinese text so written (mostly
+   escapes: the spill parses it and writes the characters themselves).
 3. A 1 MB JSON table (≈11,000 records of 5 columns, one a date; recognised, typed, written as a table file)
    beside the same stdlib baseline.
 4. tracemalloc peak (Python allocations during the call) of ``spill_result`` on a ``TableStream`` of generated
@@ -101,7 +102,7 @@ def prose(chars: int) -> str:
     return "\n".join(lines)[:chars]
 
 
-def nested_json(chars: int, *, ensure_ascii: bool = False) -> str:
+def nested_json(chars: int, *, ensure_ascii: bool = False, word: str = "Größe") -> str:
     rng = random.Random(2)  # noqa: S311  (reproducible data, not secrets)
     items: list[dict[str, Any]] = []
     size = 0
@@ -109,13 +110,13 @@ def nested_json(chars: int, *, ensure_ascii: bool = False) -> str:
         i = len(items)
         item = {
             "id": i,
-            "name": f"item {i} Größe {rng.randint(1, 99)}",
+            "name": f"item {i} {word} {rng.randint(1, 99)}",
             "tags": rng.sample(WORDS, 3),
             "attrs": {"score": rng.random(), "dims": [rng.randint(0, 999) for _ in range(4)], "ok": i % 2 == 0},
             "owner": {"id": rng.randint(1, 10**6), "email": f"user{i}@example.org", "groups": ["a", "b"]},
         }
         items.append(item)
-        size += len(json.dumps(item, ensure_ascii=False)) + 2
+        size += len(json.dumps(item, ensure_ascii=ensure_ascii)) + 2
     whole = {"query": {"q": "all", "page": 1}, "total": len(items), "items": items}
     return json.dumps(whole, ensure_ascii=ensure_ascii)
 
@@ -216,13 +217,12 @@ def small_text(sp: Spiller, reps: int, sync_reps: int, met: Met) -> None:
 
 def json_results(sp: Spiller, reps: int, met: Met) -> None:
     table, records = table_json(1_000_000)
+    escaped = nested_json(1_000_000, ensure_ascii=True)
+    dense = nested_json(1_000_000, ensure_ascii=True, word="数据复制错误报告" * 10)
     for title, body, kind in (
         ("2. 1 MB JSON result (nested, not a table)", nested_json(1_000_000), "json"),
-        (
-            "2b. 1 MB JSON result with \\u escapes (nested; json.dumps' default)",
-            nested_json(1_000_000, ensure_ascii=True),
-            "json",
-        ),
+        ("2b. 1 MB JSON result with \\u escapes (nested; json.dumps' default)", escaped, "json"),
+        ("2c. 1 MB JSON result, Chinese text in \\u escapes (mostly escapes: decoded)", dense, "json"),
         (f"3. 1 MB JSON table ({records:,} records of 5 columns incl. a date)", table, "table"),
     ):
         s = interleaved({"spill": partial(sp.spill, body, kind=kind), "naive": partial(sp.naive_json, body)}, reps)

@@ -103,7 +103,7 @@ def test_a_duplicate_key_keeps_its_last_value_as_json_parsers_do() -> None:
         ("[{}, {}]", "a first record without keys"),
         ('[{"q\\"k": 1}]', "a key holding a quote"),
         ('{"columns": ["a"], "rows": [[1]], "note": "x"}', "a {columns, rows} table"),
-        ('{"text": "caf\\u00e9"}', "\\u escapes"),
+        (json.dumps({"text": "数据复制错误" * 50}), "text made mostly of \\u escapes"),
         ("[" * 100_000 + "]" * 100_000, "nesting deeper than the decoder goes"),
         ("{" + '"a":{' * 5000 + "}" * 5001, "nesting deeper than the decoder goes"),
         ("   ", "no JSON at all"),
@@ -148,3 +148,13 @@ def test_json_text_holding_a_lone_surrogate_is_still_written_as_json() -> None:
     text = json.dumps({"name": "broken \ud800 text", "n": 1}, ensure_ascii=False)
     assert fast_json_file(text) is None
     assert json.loads(general(text).data.decode("utf-8", "surrogatepass")) == json.loads(text)
+
+
+def test_escapes_are_kept_as_written_unless_they_make_up_most_of_the_text() -> None:
+    sparse = json.dumps({"name": "Größe", "note": "plain ascii " * 10})  # json.dumps escapes non-ASCII
+    fast = fast_json_file(sparse)
+    assert fast is not None
+    assert '  "name": "Gr\\u00f6\\u00dfe",' in fast.data.decode().splitlines()
+    dense = json.dumps({"title": "数据复制错误" * 20, "n": 1})
+    assert fast_json_file(dense) is None
+    assert '  "title": "数据复制错误' in general(dense).data.decode()

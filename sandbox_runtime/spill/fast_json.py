@@ -1,7 +1,8 @@
 """JSON text spilled at C speed, without building the Python objects the file does not need (msgspec).
 
 Two shapes take this path; everything else, and every input it declines, takes the general one
-(:func:`~sandbox_runtime.spill.tables.recognise_table` over a parsed value), which writes the same file:
+(:func:`~sandbox_runtime.spill.tables.recognise_table` over a parsed value). Records come out byte for byte as the
+general path writes them; other JSON keeps the tool's own spelling of the same values.
 
 * **An array of records** (``[{...}, ...]``) is decoded into one struct per record, each column's type guessed
   from the first record and checked by the decoder as it reads: integers, booleans, strings, and ISO dates
@@ -10,9 +11,11 @@ Two shapes take this path; everything else, and every input it declines, takes t
   untyped once more; a record with a key the first record lacks (or a key holding ``\\``, ``"`` or a control
   character), or text that is not JSON, is declined.
 * **Any other JSON object or array** is validated and re-indented by ``msgspec.json.format`` straight from the
-  text: one value per line, each string and number spelled exactly as the tool wrote it. Text holding ``\\u``
-  escapes is declined, so that the general path writes those characters themselves (line tools find "é", not
-  "\\u00e9"); so is an object with top-level ``columns`` and ``rows`` (a table in the general path's eyes).
+  text: one value per line, each string and number spelled exactly as the tool wrote it, ``\\u`` escapes too.
+  Text made mostly of escapes (over half its characters; ``json.dumps`` writes Chinese or Russian prose that
+  way) is declined, so that the general path writes those characters themselves and line tools find them (such
+  text is string-heavy, which keeps parsing it cheap); so is an object with top-level ``columns`` and ``rows``
+  (a table in the general path's eyes).
 
 The general path parses into dicts, types every column from scratch and frees it all again; this one is two to
 three times faster on a megabyte (``bench/bench_spill.py``). Tests compare the two file for file.
@@ -38,6 +41,8 @@ __all__ = ["SpillFile", "SpillFormat", "fast_json_file"]
 SpillFormat = Literal["json", "table", "text"]
 
 _COLUMNS_MAX = 1024  # a first record with more keys takes the general path
+_ESCAPE_CHARS = 6  # \uXXXX
+_ESCAPED_SHARE_MAX = 0.5  # text with more of its characters in \u escapes has them decoded (general path)
 _FIRST_RECORD_TOKENS_MAX = 10_000  # tokens scanned to find where the first record ends
 _OPENING = re.compile(r"\s*([\[{])\s*(\S?)")
 _TOKEN = re.compile(rb'"(?:[^"\\]|\\.)*"|[{}\[\]]')
@@ -67,7 +72,9 @@ def fast_json_file(text: str) -> SpillFile | None:
         return None
     if opening[1] == "[" and opening[2] == "{":
         return _records(data)
-    return None if "\\u" in text else _reindented(data, is_object=opening[1] == "{")
+    if _ESCAPE_CHARS * text.count("\\u") > _ESCAPED_SHARE_MAX * len(text):
+        return None
+    return _reindented(data, is_object=opening[1] == "{")
 
 
 def _reindented(data: bytes, *, is_object: bool) -> SpillFile | None:

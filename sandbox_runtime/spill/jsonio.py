@@ -59,7 +59,7 @@ def dumps_compact(value: Any) -> bytes:
 def dumps_pretty(value: Any) -> bytes:
     """UTF-8 JSON with one value per line (two-space indentation) and a final newline."""
     try:
-        return orjson.dumps(value, default=str, option=orjson.OPT_INDENT_2) + b"\n"
+        return orjson.dumps(value, default=str, option=orjson.OPT_INDENT_2 | orjson.OPT_APPEND_NEWLINE)
     except (orjson.JSONEncodeError, TypeError):
         text = json.dumps(value, ensure_ascii=False, indent=2, default=_iso_or_str) + "\n"
         return text.encode("utf-8", "surrogatepass")
