@@ -7,6 +7,7 @@ Exit codes: 0 success; 1 a check failed or the work did not succeed; 2 bad usage
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import logging
 import sys
@@ -14,7 +15,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from sandbox_runtime.cli_serve import add_serve_parser
+from sandbox_runtime.cli_serve import add_serve_parser, key_value
 from sandbox_runtime.errors import (
     EngineUnavailable,
     ImageError,
@@ -41,17 +42,6 @@ def _progress(line: str) -> None:
     print(f"  {line[:160]}", file=sys.stderr, flush=True)
 
 
-def labels(args: argparse.Namespace) -> dict[str, str]:
-    """The ``--label KEY=VALUE`` flags as a mapping (added to every sandbox the command starts)."""
-    found = {}
-    for value in args.label:
-        key, sep, text = value.partition("=")
-        if not sep or not key:
-            raise ValueError(f"--label takes KEY=VALUE; got {value!r}")
-        found[key] = text
-    return found
-
-
 def _runtime(args: argparse.Namespace, *, sweep: bool = True) -> Runtime:
     return Runtime(
         args.state_dir,
@@ -59,7 +49,7 @@ def _runtime(args: argparse.Namespace, *, sweep: bool = True) -> Runtime:
         sweep_on_start=sweep,
         reap_interval_s=None,
         retention_interval_s=None,
-        extra_labels=labels(args),
+        extra_labels=dict(args.label),
     )
 
 
@@ -117,7 +107,7 @@ def cmd_image_build(args: argparse.Namespace) -> int:
 def cmd_demo(args: argparse.Namespace) -> int:
     from sandbox_runtime.demo import run_demo  # noqa: PLC0415
 
-    return run_demo(args.state_dir, args.policy, out=sys.stdout, extra_labels=labels(args))
+    return run_demo(args.state_dir, args.policy, out=sys.stdout, extra_labels=dict(args.label))
 
 
 def cmd_gc(args: argparse.Namespace) -> int:
@@ -260,6 +250,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--label",
         metavar="KEY=VALUE",
+        type=functools.partial(key_value, value_required=False),
         action="append",
         default=[],
         help="a container label added to every sandbox this command starts (e.g. for your own monitoring)",

@@ -15,14 +15,15 @@ from typing import Any
 
 from sandbox_runtime.policy import Policy, load_policy
 
-__all__ = ["add_serve_parser", "cmd_serve", "serve_policy"]
+__all__ = ["add_serve_parser", "cmd_serve", "key_value", "serve_policy"]
 
 
-def _named(value: str, what: str) -> tuple[str, str]:
-    name, sep, rest = value.partition("=")
-    if not sep or not name or not rest:
-        raise ValueError(f"{what} takes NAME=VALUE; got {value!r}")
-    return name, rest
+def key_value(value: str, *, value_required: bool = True) -> tuple[str, str]:
+    """A ``KEY=VALUE`` flag as a pair (an argparse ``type``: a bad one is a usage error, exit 2)."""
+    key, sep, rest = value.partition("=")
+    if not sep or not key or (value_required and not rest):
+        raise argparse.ArgumentTypeError(f"takes KEY=VALUE; got {value!r}")
+    return key, rest
 
 
 def serve_policy(args: argparse.Namespace) -> Policy:
@@ -37,17 +38,14 @@ def serve_policy(args: argparse.Namespace) -> Policy:
             mcp["http_port"] = int(port)
         if host.strip("[]"):
             mcp["http_host"] = host.strip("[]")
-    for value in args.upstream:
-        name, command = _named(value, "--upstream")
+    for name, command in args.upstream:
         mcp["upstreams"][name] = {"command": shlex.split(command)}
-    for value in args.upstream_url:
-        name, url = _named(value, "--upstream-url")
+    for name, url in args.upstream_url:
         mcp["upstreams"][name] = {"url": url}
     return load_policy(args.policy).changed(changes, f"{args.policy} with the flags of serve")
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    from sandbox_runtime.cli import labels  # noqa: PLC0415
     from sandbox_runtime.mcp.gateway import Gateway  # noqa: PLC0415  (the MCP SDK loads only for serve)
     from sandbox_runtime.mcp.server import McpService  # noqa: PLC0415
     from sandbox_runtime.mcp.transports import (  # noqa: PLC0415
@@ -61,7 +59,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     token = os.environ.get(policy.mcp.token_variable) or None
     if args.http is not None:
         check_exposure(policy.mcp.http_host, token, policy.mcp.token_variable)  # before anything starts
-    with Runtime(args.state_dir, policy, extra_labels=labels(args)) as runtime, Gateway(policy.mcp) as gateway:
+    with Runtime(args.state_dir, policy, extra_labels=dict(args.label)) as runtime, Gateway(policy.mcp) as gateway:
         for status in gateway.status():
             state = f"{len(status.tools)} tools" if status.running else f"DOWN ({status.error})"
             print(f"upstream {status.name}: {state}", file=sys.stderr, flush=True)
@@ -100,6 +98,7 @@ def add_serve_parser(sub: Any) -> None:
     serve.add_argument(
         "--upstream",
         metavar="NAME=COMMAND",
+        type=key_value,
         action="append",
         default=[],
         help="an upstream MCP server started over stdio, e.g. time='mcp-server-time'",
@@ -107,6 +106,7 @@ def add_serve_parser(sub: Any) -> None:
     serve.add_argument(
         "--upstream-url",
         metavar="NAME=URL",
+        type=key_value,
         action="append",
         default=[],
         help="an upstream MCP server over streamable HTTP",

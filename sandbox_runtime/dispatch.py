@@ -171,7 +171,7 @@ class Dispatcher:
             total_after_chars=decision.total_after_chars,
             budget_chars=decision.budget_chars,
             over_budget=decision.over_budget,
-            replaced_call_ids=[ids[i] for i in decision.replace if i < len(ids)],
+            replaced_call_ids=[ids[i] for i in decision.replace],  # the earlier-shown entry never gives way
         )
 
     @staticmethod

@@ -66,15 +66,14 @@ def fast_json_file(text: str) -> SpillFile | None:
     opening = _OPENING.match(text)
     if opening is None:
         return None
+    records = opening[1] == "[" and opening[2] == "{"
+    if not records and _ESCAPE_CHARS * text.count("\\u") > _ESCAPED_SHARE_MAX * len(text):
+        return None  # mostly escapes: the general path writes the characters themselves
     try:
         data = text.encode()
     except UnicodeEncodeError:  # lone surrogates: the general path writes them as it can
         return None
-    if opening[1] == "[" and opening[2] == "{":
-        return _records(data)
-    if _ESCAPE_CHARS * text.count("\\u") > _ESCAPED_SHARE_MAX * len(text):
-        return None
-    return _reindented(data, is_object=opening[1] == "{")
+    return _records(data) if records else _reindented(data, is_object=opening[1] == "{")
 
 
 def _reindented(data: bytes, *, is_object: bool) -> SpillFile | None:
