@@ -53,7 +53,9 @@ class ToolOutcome(BaseModel):
     replaced: bool = False  # the model sees a stand-in (preview and path), by the inline cap or the turn budget
     replayed: bool = False  # the decision was made before (same call id) and is given again unchanged
     warnings: list[str] = Field(default_factory=list)
-    details: dict[str, Any] | None = None
+    details: dict[str, Any] | None = None  # for the host: e.g. a run's status and exit code (not replayed)
+    blocks: list[dict[str, Any]] = Field(default_factory=list)  # MCP content blocks after the text (not replayed)
+    annotations: dict[str, Any] | None = None  # MCP annotations of the text block (not replayed)
 
 
 class TurnReport(BaseModel):

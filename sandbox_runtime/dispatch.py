@@ -16,6 +16,7 @@ the model can read; infrastructure failures (engine gone, sandbox cannot start) 
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import json
 import logging
@@ -31,6 +32,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from sandbox_runtime.approval import Approver
 from sandbox_runtime.calls import HostResult, ToolCall, ToolOutcome, TurnReport
+from sandbox_runtime.control import CallControl
 from sandbox_runtime.errors import InvalidToolArguments
 from sandbox_runtime.execution import CallRunner, Ran
 from sandbox_runtime.policy import Policy
@@ -65,6 +67,8 @@ class _Pending(BaseModel):
     replaced: bool = False
     warnings: list[str] = Field(default_factory=list)
     details: dict[str, Any] | None = None
+    blocks: list[dict[str, Any]] = Field(default_factory=list)
+    annotations: dict[str, Any] | None = None
 
     def text(self) -> str:
         shown = self.stand_in if self.replaced and self.stand_in is not None else self.body
@@ -120,16 +124,21 @@ class Dispatcher:
         return self.settle(conversation_id, prepared, turn_id)
 
     def prepare(
-        self, conversation_id: str, item: ToolCall | HostResult, *, approver: Approver | None = None
+        self,
+        conversation_id: str,
+        item: ToolCall | HostResult,
+        *,
+        approver: Approver | None = None,
+        control: CallControl | None = None,
     ) -> PreparedCall:
         """The first half of a turn, for one call that arrived on its own (an MCP request): run it (or find
         its stored decision) and spill its result. Its decision is made by :meth:`settle`, together with the
-        other calls of its turn."""
+        other calls of its turn. ``control`` lets the caller cancel the run and hear its progress."""
         if not item.call_id:
             item = item.model_copy(update={"call_id": _new_call_id()})
         call_id = _check_call_id(item.call_id)
         stored = self.state.stored_results(conversation_id, [call_id])
-        return self._prepare_all(self._context(conversation_id), [item], stored, approver)[0]
+        return self._prepare_all(self._context(conversation_id), [item], stored, approver, control)[0]
 
     def settle(
         self,
@@ -191,12 +200,14 @@ class Dispatcher:
         items: Sequence[ToolCall | HostResult],
         stored: dict[str, StoredResult],
         approver: Approver | None,
+        control: CallControl | None = None,
     ) -> list[PreparedCall]:
         def prepare(item: ToolCall | HostResult) -> PreparedCall:
             call_id = item.call_id or ""
             if call_id in stored:
                 return PreparedCall(item=item, call_id=call_id, ctx=ctx, stored=stored[call_id])
-            ran = self._run_one(ctx, item, approver)
+            own = dataclasses.replace(ctx, call_id=call_id, control=control)
+            ran = self._run_one(own, item, approver)
             return PreparedCall(item=item, call_id=call_id, ctx=ctx, ran=ran, pending=self._spill(ctx, item, ran))
 
         if sum(isinstance(item, ToolCall) and item.call_id not in stored for item in items) <= 1:
@@ -239,6 +250,8 @@ class Dispatcher:
             body="",
             error_path=ret.error_path,
             details=ret.details,
+            blocks=ret.blocks,
+            annotations=ret.annotations,
         )
         mode, threshold = self._mode(item, tool)
         now = dt.datetime.fromtimestamp(self._clock(), dt.UTC)
@@ -363,6 +376,8 @@ def _outcome(p: _Pending) -> ToolOutcome:
         replaced=_shows_stand_in(p),
         warnings=p.warnings,
         details=p.details,
+        blocks=p.blocks,
+        annotations=p.annotations,
     )
 
 

@@ -48,7 +48,8 @@ from sandbox_runtime.state import Attachment, CallRecord, StateDB, StoredResult
 from sandbox_runtime.store.folders import ConversationFolders, ConversationStore, validate_conversation_id
 from sandbox_runtime.store.quota import QuotaUsage
 from sandbox_runtime.tools.base import SpillMode, ToolContext, ToolSpec
-from sandbox_runtime.tools.builtin import builtin_tools, host_tool
+from sandbox_runtime.tools.builtin import builtin_tools
+from sandbox_runtime.tools.host import host_tool
 from sandbox_runtime.tools.run_python import RunPythonArgs, RunPythonResult, run_python
 
 __all__ = ["Conversation", "Runtime", "SavedResult", "default_state_dir"]
@@ -280,6 +281,10 @@ class Runtime:
         description: str,
         input_schema: dict[str, Any],
         spill_mode: SpillMode = "normal",
+        pass_call: bool = False,
+        title: str | None = None,
+        annotations: dict[str, Any] | None = None,
+        output_schema: dict[str, Any] | None = None,
     ) -> None:
         """Make one of the host's own tools callable through the pipeline (``call``, turns, ``delegate_call``).
 
@@ -287,9 +292,22 @@ class Runtime:
         or a :class:`~sandbox_runtime.spill.streamed.TableStream`); an exception it raises becomes a tool error
         the model reads. ``input_schema`` is a JSON schema the arguments are validated against (after a
         delegate_call expanded them). A name outside ``^[a-zA-Z0-9_-]{1,64}$`` or a schema that is not a JSON
-        schema raises ``ValueError``.
+        schema raises ``ValueError``. With ``pass_call=True`` the handler is called as ``handler(arguments, call)``
+        with a :class:`~sandbox_runtime.tools.host.HostCall` (conversation, call id, results folder, cancellation
+        and progress). ``title``, ``annotations`` (MCP tool annotations) and ``output_schema`` are shown to MCP
+        clients as they are.
         """
-        self.tools[name] = host_tool(name, handler, description=description, schema=input_schema, mode=spill_mode)
+        self.tools[name] = host_tool(
+            name,
+            handler,
+            description=description,
+            schema=input_schema,
+            mode=spill_mode,
+            pass_call=pass_call,
+            title=title,
+            annotations=annotations,
+            output_schema=output_schema,
+        )
 
     def conversation(self, conversation_id: str) -> Conversation:
         """The conversation with this id (nothing starts until it is used)."""

@@ -17,6 +17,7 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 
 from sandbox_runtime.approval import Approver
+from sandbox_runtime.control import CallControl
 from sandbox_runtime.dispatch import Dispatcher, HostResult, PreparedCall, ToolCall, ToolOutcome, TurnReport
 from sandbox_runtime.errors import InvalidToolArguments, SandboxRuntimeError
 
@@ -54,6 +55,7 @@ class TurnGate:
         *,
         turn_id: str | None = None,
         approver: Approver | None = None,
+        control: CallControl | None = None,
     ) -> tuple[ToolOutcome, TurnReport]:
         """Run one call as part of its turn; return its outcome and the report of the group it was decided in."""
         if turn_id is not None and not 0 < len(turn_id) <= _TURN_ID_MAX_CHARS:
@@ -71,7 +73,7 @@ class TurnGate:
             group.running += 1
         try:
             try:
-                prepared = self._dispatcher.prepare(conversation_id, item, approver=approver)
+                prepared = self._dispatcher.prepare(conversation_id, item, approver=approver, control=control)
             except BaseException:
                 if self._finish(key, group, None):
                     self._settle(conversation_id, turn_id, group)  # the others of the group still get decided

@@ -15,8 +15,9 @@ from pathlib import Path
 from typing import Any, Literal, TypeVar
 
 from jsonschema import Draft202012Validator
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from sandbox_runtime.control import CallControl
 from sandbox_runtime.errors import InvalidToolArguments, PathExpired, PathNotFound, PathRejected
 from sandbox_runtime.policy import Policy
 from sandbox_runtime.sandbox.manager import SandboxManager
@@ -55,6 +56,8 @@ class ToolReturn(BaseModel):
     error_path: str | None = None
     descriptor: ResultDescriptor | None = None  # the file a file-building tool made
     details: dict[str, Any] | None = None
+    blocks: list[dict[str, Any]] = Field(default_factory=list)  # MCP content blocks kept as they are (links)
+    annotations: dict[str, Any] | None = None  # MCP annotations of the text (audience, priority)
 
 
 @dataclass(frozen=True)
@@ -69,6 +72,8 @@ class ToolContext:
     policy: Policy
     expired: Callable[[str], ExpiredFile | None]
     record_attachment: Callable[[Attachment], None]
+    call_id: str = ""  # the call being run (set per call by the pipeline)
+    control: CallControl | None = None  # its cancellation and progress, when the caller gave them
 
 
 @dataclass(frozen=True)
@@ -82,6 +87,9 @@ class ToolSpec:
     spill_mode: SpillMode = "normal"
     threshold_chars: int | None = None  # the tool's own spill threshold (None: the policy's)
     schema: dict[str, Any] | None = None  # the JSON schema of a host tool's arguments
+    title: str | None = None  # a human-readable name (MCP's Tool.title)
+    annotations: dict[str, Any] | None = None  # MCP tool annotations (readOnlyHint, destructiveHint, ...)
+    output_schema: dict[str, Any] | None = None  # the JSON schema of the tool's structured result
 
     def input_schema(self) -> dict[str, Any]:
         """The JSON schema of the arguments (what MCP's ``tools/list`` shows); made once per argument model and shared,

@@ -2,19 +2,11 @@
 
 from __future__ import annotations
 
-import logging
-import re
-from collections.abc import Callable
-from typing import Any
-
-from jsonschema import Draft202012Validator
-from jsonschema.exceptions import SchemaError
-
 from sandbox_runtime.errors import InvalidToolArguments, PathNotFound
 from sandbox_runtime.policy import Policy
-from sandbox_runtime.spill.spiller import ResultDescriptor, is_mcp_error, result_text
+from sandbox_runtime.spill.spiller import ResultDescriptor
 from sandbox_runtime.tools.attach import ATTACH_FILE_DESCRIPTION, AttachFileArgs, attach_file
-from sandbox_runtime.tools.base import SpillMode, ToolContext, ToolReturn, ToolSpec, expired_or
+from sandbox_runtime.tools.base import ToolContext, ToolReturn, ToolSpec, expired_or
 from sandbox_runtime.tools.delegate import DELEGATE_CALL_DESCRIPTION, DelegateCallArgs
 from sandbox_runtime.tools.export_table import EXPORT_TABLE_DESCRIPTION, ExportTableArgs, export_table
 from sandbox_runtime.tools.files import (
@@ -30,9 +22,7 @@ from sandbox_runtime.tools.render_table import RENDER_TABLE_DESCRIPTION, RenderT
 from sandbox_runtime.tools.run_python import RunPythonArgs, parse_args, run_python
 from sandbox_runtime.tools.sql_query import SQL_QUERY_DESCRIPTION, SqlQueryArgs, sql_query
 
-__all__ = ["builtin_tools", "host_tool"]
-
-logger = logging.getLogger(__name__)
+__all__ = ["builtin_tools"]
 
 RUN_PYTHON_DESCRIPTION = (
     "Run Python 3 in this conversation's sandbox (standard library plus openpyxl, python-docx and python-pptx; "
@@ -47,7 +37,7 @@ RUN_PYTHON_DESCRIPTION = (
 def _run_python(ctx: ToolContext, args: RunPythonArgs) -> ToolReturn:
     args = parse_args(args, ctx.policy)
     try:
-        result = run_python(ctx.manager, ctx.conversation_id, args)
+        result = run_python(ctx.manager, ctx.conversation_id, args, control=ctx.control)
     except PathNotFound as exc:
         if args.script_path is None:
             raise
@@ -162,30 +152,3 @@ def builtin_tools(policy: Policy | None = None) -> dict[str, ToolSpec]:
     if policy is not None and policy.sql.database_path is not None:
         specs.append(ToolSpec("sql_query", SQL_QUERY_DESCRIPTION, SqlQueryArgs, _sql_query))
     return {spec.name: spec for spec in specs}
-
-
-_TOOL_NAME = re.compile(r"[a-zA-Z0-9_-]{1,64}")
-
-
-def host_tool(
-    name: str, handler: Callable[[dict[str, Any]], object], *, description: str, schema: dict[str, Any], mode: SpillMode
-) -> ToolSpec:
-    """A spec for one of the host's own tools; its exceptions become tool errors."""
-    if not _TOOL_NAME.fullmatch(name):
-        raise ValueError(f"tool names match ^[a-zA-Z0-9_-]{{1,64}}$; {name!r} does not")
-    try:
-        Draft202012Validator.check_schema(schema)
-    except SchemaError as exc:
-        raise ValueError(f"the input schema of {name} is not a valid JSON schema: {exc.message}") from exc
-
-    def run(ctx: ToolContext, arguments: dict[str, Any]) -> ToolReturn:
-        try:
-            result = handler(arguments)
-        except Exception as exc:  # the host's tool failed: the model reads why
-            logger.info("host tool %s failed: %s", name, exc)
-            return ToolReturn(is_error=True, error=f"{type(exc).__name__}: {exc}")
-        if is_mcp_error(result):
-            return ToolReturn(is_error=True, error=result_text(result))  # an MCP tool error keeps its flag
-        return ToolReturn(content=result)
-
-    return ToolSpec(name, description, None, run, spill_mode=mode, schema=schema)

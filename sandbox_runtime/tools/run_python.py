@@ -26,6 +26,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from sandbox_runtime.control import CallControl
 from sandbox_runtime.errors import InvalidToolArguments, PathNotFound, PathRejected, SandboxGone
 from sandbox_runtime.policy import Policy
 from sandbox_runtime.sandbox.backend import ExecRequest, ExecResult
@@ -135,9 +136,14 @@ def _save(root: ResultsRoot, relative: str, text: str) -> str | None:
 
 
 def run_python(
-    manager: SandboxManager, conversation_id: str, raw_args: dict[str, object] | RunPythonArgs
+    manager: SandboxManager,
+    conversation_id: str,
+    raw_args: dict[str, object] | RunPythonArgs,
+    *,
+    control: CallControl | None = None,
 ) -> RunPythonResult:
-    """Run one script in the conversation's sandbox and classify how it ended."""
+    """Run one script in the conversation's sandbox and classify how it ended; ``control`` cancels the run
+    (every process of it ends, status ``cancelled``) and hears its progress."""
     policy = manager.policy
     args = parse_args(raw_args, policy)
     timeout_s = args.timeout_s or policy.run.default_timeout_s
