@@ -56,6 +56,7 @@ class ToolOutcome(BaseModel):
     details: dict[str, Any] | None = None  # for the host: e.g. a run's status and exit code (not replayed)
     blocks: list[dict[str, Any]] = Field(default_factory=list)  # MCP content blocks after the text (not replayed)
     annotations: dict[str, Any] | None = None  # MCP annotations of the text block (not replayed)
+    structured: Any = None  # a host tool's own structured result, when it gave one (not replayed)
 
 
 class TurnReport(BaseModel):

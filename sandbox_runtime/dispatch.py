@@ -69,6 +69,7 @@ class _Pending(BaseModel):
     details: dict[str, Any] | None = None
     blocks: list[dict[str, Any]] = Field(default_factory=list)
     annotations: dict[str, Any] | None = None
+    structured: Any = None
 
     def text(self) -> str:
         shown = self.stand_in if self.replaced and self.stand_in is not None else self.body
@@ -252,6 +253,7 @@ class Dispatcher:
             details=ret.details,
             blocks=ret.blocks,
             annotations=ret.annotations,
+            structured=ret.structured,
         )
         mode, threshold = self._mode(item, tool)
         now = dt.datetime.fromtimestamp(self._clock(), dt.UTC)
@@ -378,6 +380,7 @@ def _outcome(p: _Pending) -> ToolOutcome:
         details=p.details,
         blocks=p.blocks,
         annotations=p.annotations,
+        structured=p.structured,
     )
 
 

@@ -117,8 +117,16 @@ def links_of(result: types.CallToolResult) -> list[types.ResourceLink]:
 
 
 def structured(result: types.CallToolResult) -> dict[str, Any]:
+    """The tool's structured result; it always repeats the text the model is given, whole."""
     assert isinstance(result.structured_content, dict)
+    assert result.structured_content.get("text", text_of(result)) == text_of(result)
     return result.structured_content
+
+
+def call_meta(result: types.CallToolResult) -> dict[str, Any]:
+    """The call's metadata (``_meta`` of the result): call id, conversation, replaced, replayed, turn."""
+    meta = dict(result.meta or {})
+    return {key.removeprefix("sandbox-runtime/"): value for key, value in meta.items()}
 
 
 XLSX = "application/vnd.openxmlformats-officedocument.spreadsheetml.sheet"
@@ -144,7 +152,7 @@ async def query_export_attach(client: Client, user: Elicitations) -> dict[str, A
     """The path-first walk every client should manage: query → spill → export from the path → attach."""
     queried = await client.call_tool("sql_query", {"query": "SELECT * FROM orders ORDER BY order_id"})
     assert not queried.is_error, text_of(queried)
-    spill = structured(queried)["descriptor"]
+    spill = structured(queried)["file"]
     assert (spill["rows"], spill["columns"], spill["format"]) == (360, list(SAMPLE_ORDER_COLUMNS), "table")
     assert spill["path"] in text_of(queried)
     (link,) = links_of(queried)
@@ -164,7 +172,7 @@ async def query_export_attach(client: Client, user: Elicitations) -> dict[str, A
         },
     )
     assert not exported.is_error, text_of(exported)
-    export = structured(exported)["descriptor"]
+    export = structured(exported)["file"]
     (xlsx_link,) = links_of(exported)
     assert (xlsx_link.mime_type, xlsx_link.size) == (XLSX, export["bytes"])
     blob = (await client.read_resource(xlsx_link.uri)).contents[0]

@@ -21,6 +21,7 @@ from tests.conftest import RuntimeFactory
 from tests.mcp_helpers import (
     BUILTIN_TOOLS,
     Elicitations,
+    call_meta,
     http_server,
     links_of,
     query_export_attach,
@@ -131,7 +132,7 @@ async def _http_client_calls(url: str, token: str) -> dict[str, Any]:
         seen: dict[str, Any] = {}
         async with Client(streamable_http_client(url, http_client=http), mode="legacy") as first:
             wrote = await first.call_tool("write_file", {"path": "/mnt/results/a.txt", "content": "from the first"})
-            seen["first"] = structured(wrote)["conversation_id"]
+            seen["first"] = call_meta(wrote)["conversation"]
             big = await first.call_tool("run_python", {"code": "print('row,' * 2000)"})
             seen["big"] = structured(big)
             (link,) = links_of(big)
@@ -140,18 +141,18 @@ async def _http_client_calls(url: str, token: str) -> dict[str, Any]:
             seen["big_text"] = contents.text
         async with Client(streamable_http_client(url, http_client=http), mode="legacy") as second:
             read = await second.call_tool("read_file", {"path": "/mnt/results/a.txt"})
-            seen["second"] = structured(read)["conversation_id"]
+            seen["second"] = call_meta(read)["conversation"]
             seen["second_read"] = read
             named = await second.call_tool(
                 "read_file",
                 {"path": "/mnt/results/a.txt"},
-                meta={"sandbox-runtime/conversation": seen["first"], "sandbox-runtime/call-id": "host-call-7"},
+                meta={"sandbox-runtime/conversation": "named-one", "sandbox-runtime/call-id": "host-call-7"},
             )
             seen["named"] = named
         return seen
 
 
-def test_http_needs_the_token_and_gives_each_session_its_own_conversation(
+def test_http_needs_the_token_and_keeps_one_conversation_per_token_across_sessions(
     runtime_factory: RuntimeFactory, served_state: Path
 ) -> None:
     state = served_state
@@ -180,16 +181,18 @@ def test_http_needs_the_token_and_gives_each_session_its_own_conversation(
 
         seen = run_bounded(_http_client_calls, url, token)
 
-    assert seen["first"] != seen["second"]  # one conversation per MCP session
-    assert seen["second_read"].is_error
-    assert "PathNotFound" in text_of(seen["second_read"])
-    assert not seen["named"].is_error
-    assert "from the first" in text_of(seen["named"])
-    assert structured(seen["named"])["call_id"] == "host-call-7"
-    assert seen["big"]["descriptor"]["chars"] >= 8000
+    assert seen["first"] == seen["second"]  # one conversation per token, whatever the sessions
+    assert seen["first"].startswith("mcp-http-")
+    assert not seen["second_read"].is_error  # a path of the first session is valid in the second
+    assert "from the first" in text_of(seen["second_read"])
+    assert seen["named"].is_error  # another conversation, named in _meta: its own folder
+    assert "PathNotFound" in text_of(seen["named"])
+    assert call_meta(seen["named"])["call-id"] == "host-call-7"
+    assert call_meta(seen["named"])["conversation"] == "named-one"
+    assert seen["big"]["file"]["chars"] >= 8000
     assert seen["big_text"].startswith("row,row,")
     runtime = runtime_factory(state_dir=state)
-    decided = {d.call_id: d for d in runtime.conversation(seen["first"]).decisions()}
+    decided = {d.call_id: d for d in runtime.conversation("named-one").decisions()}
     assert decided["host-call-7"].text == text_of(seen["named"])  # history can replay it byte for byte
 
 

@@ -10,7 +10,7 @@ import mcp_types as types
 from mcp import Client
 
 from tests.conftest import RuntimeFactory
-from tests.mcp_helpers import run_bounded, stdio_params, structured, text_of
+from tests.mcp_helpers import call_meta, run_bounded, stdio_params, structured, text_of
 
 BUDGET = 200_000
 PARALLEL = 10
@@ -51,16 +51,16 @@ def test_parallel_calls_of_one_turn_share_the_budget_and_later_calls_of_the_turn
     for batch in ("first", "overlapping"):
         shown = [len(text_of(r)) for r in seen[batch]]
         assert sum(shown) <= BUDGET, (batch, shown)
-        replaced = [structured(r)["replaced"] for r in seen[batch]]
+        replaced = [call_meta(r)["replaced"] for r in seen[batch]]
         assert 0 < sum(replaced) < PARALLEL
-        assert all(structured(r)["descriptor"]["chars"] >= CHARS for r in seen[batch])
-    assert structured(seen["late"])["replaced"]  # the turn had used its budget already
-    assert not structured(seen["alone"])["replaced"]
+        assert all(structured(r)["file"]["chars"] >= CHARS for r in seen[batch])
+    assert call_meta(seen["late"])["replaced"]  # the turn had used its budget already
+    assert not call_meta(seen["alone"])["replaced"]
     assert len(text_of(seen["alone"])) > CHARS
     runtime = runtime_factory(state_dir=state)
     (record,) = runtime.state.conversations()
     turns = {d.call_id: d.turn_id for d in runtime.conversation(record.id).decisions()}
-    first_ids = {structured(r)["call_id"] for r in seen["first"]}
+    first_ids = {call_meta(r)["call-id"] for r in seen["first"]}
     assert {turns[call_id] for call_id in first_ids} == {"turn-1"}
-    overlap_turns = {turns[structured(r)["call_id"]] for r in seen["overlapping"]}
+    overlap_turns = {turns[call_meta(r)["call-id"]] for r in seen["overlapping"]}
     assert len(overlap_turns) == 1  # one generated turn id for the overlapping calls

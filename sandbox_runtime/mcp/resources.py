@@ -1,9 +1,7 @@
-"""What the MCP server hands a client: a call's outcome as a ``CallToolResult``, and its files as resources.
+"""The files of a conversation as MCP resources: their URIs, MIME types, and ``resources/read``.
 
-A result works in every client: the text the model is given goes in ``content`` (the same text history
-replays); when a file was written (a spill, an export, a saved error, an attachment) a ``resource_link`` names it
-with its size and MIME type, and ``structuredContent`` carries the descriptor. ``resources/read`` serves those
-files by URI:
+A call's result links the files it made (:mod:`~sandbox_runtime.mcp.results`); ``resources/read`` serves them by
+URI:
 
 - ``sandbox-runtime://conversations/<conversation>/results/<path>`` — a file of the results folder (read with the
   same refusals as every path tool: no links, FIFOs or devices, nothing outside the folder);
@@ -20,14 +18,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from sandbox_runtime.dispatch import ToolOutcome
 from sandbox_runtime.errors import PathNotFound, PathOutsideResults, UnsafeFileType
 from sandbox_runtime.runtime import Runtime
-from sandbox_runtime.spill.spiller import ResultDescriptor
-from sandbox_runtime.state import Attachment
 from sandbox_runtime.store.capped import read_capped
 
-__all__ = ["SCHEME", "ResourceFile", "call_result", "read_resource", "result_uri"]
+__all__ = ["SCHEME", "ResourceFile", "attachment_uri", "mime_type", "read_resource", "result_uri"]
 
 SCHEME = "sandbox-runtime"
 _TEXT_MIME = {"json": "application/json", "table": "application/jsonl", "text": "text/plain", "csv": "text/csv"}
@@ -40,7 +35,7 @@ def result_uri(conversation_id: str, sandbox_path: str, mount: str) -> str:
     return f"{SCHEME}://conversations/{conversation_id}/results/{urllib.parse.quote(relative)}"
 
 
-def _attachment_uri(conversation_id: str, attachment_id: str) -> str:
+def attachment_uri(conversation_id: str, attachment_id: str) -> str:
     return f"{SCHEME}://conversations/{conversation_id}/attachments/{urllib.parse.quote(attachment_id)}"
 
 
@@ -53,60 +48,6 @@ def mime_type(path: str, kind: str | None = None) -> str:
     if path.endswith(".jsonl"):
         return "application/jsonl"
     return mimetypes.guess_type(path)[0] or "application/octet-stream"
-
-
-def call_result(outcome: ToolOutcome, conversation_id: str, mount: str) -> dict[str, Any]:
-    """The ``CallToolResult`` (as its JSON fields) for one outcome."""
-    content: list[dict[str, Any]] = [{"type": "text", "text": outcome.text}]
-    d = outcome.descriptor
-    if d is not None:
-        content.append(_link(result_uri(conversation_id, d.path, mount), d.path, mime_type(d.path, d.format), d))
-    if outcome.error_path is not None:
-        uri = result_uri(conversation_id, outcome.error_path, mount)
-        content.append(_link(uri, outcome.error_path, "text/plain", None, "The full error text."))
-    attachment = _attachment(outcome)
-    if attachment is not None:
-        uri = _attachment_uri(conversation_id, attachment.attachment_id)
-        link = {
-            "type": "resource_link",
-            "uri": uri,
-            "name": attachment.filename,
-            "mimeType": attachment.mime_type,
-            "size": attachment.bytes,
-            "description": "A file for the user (a download).",
-        }
-        content.append(link)
-    structured = {
-        "call_id": outcome.call_id,
-        "tool": outcome.tool,
-        "is_error": outcome.is_error,
-        "replaced": outcome.replaced,
-        "descriptor": None if d is None else d.model_dump(mode="json"),
-        "error_path": outcome.error_path,
-        "attachment": None if attachment is None else attachment.model_dump(exclude={"host_path"}),
-        "conversation_id": conversation_id,
-    }
-    return {"content": content, "structuredContent": structured, "isError": outcome.is_error}
-
-
-def _link(uri: str, path: str, mime: str, d: ResultDescriptor | None, description: str | None = None) -> dict[str, Any]:
-    link: dict[str, Any] = {"type": "resource_link", "uri": uri, "name": path.rsplit("/", 1)[-1], "mimeType": mime}
-    if d is not None:
-        link["size"] = d.bytes
-        shape = f"{d.rows:,} rows; columns: {', '.join(d.columns or [])}" if d.rows is not None else d.format
-        link["description"] = f"{path} ({shape})"
-    elif description:
-        link["description"] = f"{path}: {description}"
-    return link
-
-
-def _attachment(outcome: ToolOutcome) -> Attachment | None:
-    if outcome.tool != "attach_file" or outcome.is_error or not outcome.details:
-        return None
-    try:
-        return Attachment.model_validate(outcome.details)
-    except ValueError:
-        return None
 
 
 @dataclass(frozen=True)

@@ -1,15 +1,26 @@
 """The MCP server: the runtime's tools (and a gateway's upstream tools) over stdio or streamable HTTP.
 
 Built on the official SDK's low-level server. Every ``tools/call`` goes through the one dispatch pipeline (spill,
-turn budget, stored decision), in a worker thread. What the request's ``_meta`` may carry:
+turn budget, stored decision), in a worker thread; what the answer carries is :mod:`~sandbox_runtime.mcp.results`.
 
-- ``sandbox-runtime/conversation`` — the conversation to use. Without it, a stdio server uses one conversation
-  for its whole process, and an HTTP server one per MCP session (``mcp-<session id>``). A stateless request (the
-  2026-07-28 protocol over HTTP) has no session, so it must name its conversation.
-- ``sandbox-runtime/turn`` — the turn the call belongs to (the per-turn budget is shared by its calls); without
-  it, calls of a conversation that overlap in time form a turn (see :mod:`~sandbox_runtime.turns`).
-- ``sandbox-runtime/call-id`` — the model's own tool-call id: the decision is stored under it, so the host can
-  rebuild its history byte for byte, and the same id is never run twice.
+**Which conversation a call belongs to** — a conversation outlives MCP sessions, so that paths a model was given
+stay valid whatever the client does with sessions:
+
+1. ``_meta["sandbox-runtime/conversation"]`` names it, when the request carries it;
+2. else the server's default: ``serve --conversation NAME`` when given; over stdio one conversation per *client
+   process* (the server's parent process: a client that starts a new server process for every call, as
+   LangChain's adapter does by default, keeps one conversation); over HTTP one per bearer token, or one per
+   server when it has no token — across sessions, reconnects and stateless (2026-07-28) requests alike.
+
+Other ``_meta`` keys a request may carry: ``sandbox-runtime/turn`` — the turn the call belongs to (the per-turn
+budget is shared by its calls; without it, calls of a conversation that overlap in time form a turn, see
+:mod:`~sandbox_runtime.turns`); ``sandbox-runtime/call-id`` — the model's own tool-call id: the decision is
+stored under it, so the host can rebuild its history byte for byte, and the same id is never run twice.
+
+**Cancel and progress.** A cancelled request (``notifications/cancelled``, or a stateless HTTP request whose
+connection went away) cancels the call: a run ends every process it started and is recorded ``cancelled``. With a
+``progressToken``, a long call sends ``notifications/progress`` (a run: seconds elapsed of its time limit, and
+its output so far; a gateway call: the upstream's own progress).
 
 Tool failures are results with ``isError: true``; an unknown tool is a protocol error (invalid params). When the
 policy says ``ask``, the server asks the client's user by elicitation (a form with one yes/no field) showing the
@@ -19,12 +30,16 @@ expanded arguments; a client that cannot be asked gets ``approval.rule_without_a
 from __future__ import annotations
 
 import functools
+import hashlib
 import logging
-import uuid
+import os
+from collections.abc import Mapping
+from pathlib import Path
 from typing import Any, Literal
 
 import anyio
 import anyio.from_thread
+import anyio.lowlevel
 import anyio.to_thread
 import mcp_types as types
 from mcp.server.context import ServerRequestContext
@@ -33,20 +48,26 @@ from mcp.shared.exceptions import MCPError
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
 from sandbox_runtime.approval import ApprovalRequest, Approver
+from sandbox_runtime.control import CallControl, ProgressReport
 from sandbox_runtime.dispatch import ToolCall
 from sandbox_runtime.errors import InvalidConversationId, InvalidToolArguments, SandboxRuntimeError
-from sandbox_runtime.mcp.resources import SCHEME, call_result, mime_type, read_resource, result_uri
+from sandbox_runtime.mcp.resources import SCHEME, mime_type, read_resource, result_uri
+from sandbox_runtime.mcp.results import (
+    META_CALL_ID,
+    META_CONVERSATION,
+    META_TURN,
+    ToolResult,
+    call_result,
+    tool_listing,
+)
 from sandbox_runtime.runtime import Runtime
 from sandbox_runtime.store.folders import validate_conversation_id
 from sandbox_runtime.turns import TurnGate
 
-__all__ = ["META_CALL_ID", "META_CONVERSATION", "META_TURN", "McpService"]
+__all__ = ["META_CALL_ID", "META_CONVERSATION", "META_TURN", "McpService", "default_conversation"]
 
 logger = logging.getLogger(__name__)
 
-META_CONVERSATION = "sandbox-runtime/conversation"
-META_TURN = "sandbox-runtime/turn"
-META_CALL_ID = "sandbox-runtime/call-id"
 _TURN_WAIT_S = 3600.0  # a finished call waits at most this long for the other calls of its turn
 _RESOURCES_LISTED_MAX = 500
 
@@ -65,10 +86,21 @@ Transport = Literal["stdio", "http"]
 class McpService:
     """One runtime served over MCP: its tools, its results as resources, approvals by elicitation."""
 
-    def __init__(self, runtime: Runtime, *, transport: Transport, name: str = "sandbox-runtime") -> None:
+    def __init__(
+        self,
+        runtime: Runtime,
+        *,
+        transport: Transport,
+        name: str = "sandbox-runtime",
+        conversation: str | None = None,
+        environ: Mapping[str, str] | None = None,
+    ) -> None:
         self.runtime = runtime
         self.transport = transport
-        self.process_conversation = f"mcp-{uuid.uuid4().hex[:16]}"  # stdio: one client per process
+        env = os.environ if environ is None else environ
+        token = env.get(runtime.policy.mcp.token_variable) or None
+        # the conversation of every request that names none (see the module text)
+        self.process_conversation = validate_conversation_id(conversation or default_conversation(transport, token))
         self.gate = TurnGate(runtime.dispatcher, wait_s=_TURN_WAIT_S)
         self.server: Server[Any] = Server(
             name,
@@ -85,10 +117,7 @@ class McpService:
     async def _list_tools(
         self, ctx: ServerRequestContext[Any], params: types.PaginatedRequestParams | None
     ) -> types.ListToolsResult:
-        tools = [
-            types.Tool(name=spec.name, description=spec.description, input_schema=spec.input_schema())
-            for spec in self.runtime.tools.values()
-        ]
+        tools = [types.Tool.model_validate(tool_listing(spec)) for spec in self.runtime.tools.values()]
         return types.ListToolsResult(tools=tools)
 
     async def _call_tool(
@@ -107,33 +136,35 @@ class McpService:
                 arguments=dict(params.arguments or {}),
                 call_id=None if call_id is None else str(call_id),
             )
-            approver = self._approver(ctx)
+            control = CallControl(progress=_progress_sender(ctx))
             run = functools.partial(
-                self.gate.run, conversation, item, turn_id=None if turn is None else str(turn), approver=approver
+                self.gate.run,
+                conversation,
+                item,
+                turn_id=None if turn is None else str(turn),
+                approver=self._approver(ctx),
+                control=control,
             )
-            outcome, _report = await anyio.to_thread.run_sync(run)
+            try:
+                outcome, report = await anyio.to_thread.run_sync(run, abandon_on_cancel=True)
+            except anyio.get_cancelled_exc_class():
+                control.cancel()  # the worker ends the run's processes and records it as cancelled
+                logger.info("tools/call %s in %s was cancelled by the client", params.name, conversation)
+                raise
         except (InvalidToolArguments, InvalidConversationId) as exc:  # the request's own values: the model reads why
             return _error_result(f"{type(exc).__name__}: {exc}")
         except SandboxRuntimeError as exc:
             logger.warning("tools/call %s failed in the runtime: %s", params.name, exc)
             return _error_result(f"The runtime could not run {params.name}: {type(exc).__name__}: {exc}")
-        fields = call_result(outcome, conversation, self.runtime.policy.sandbox.results_mount_path)
-        return types.CallToolResult.model_validate(fields)
+        mount = self.runtime.policy.sandbox.results_mount_path
+        return types.CallToolResult.model_validate(call_result(outcome, conversation, mount, turn_id=report.turn_id))
 
     def conversation_of(self, ctx: ServerRequestContext[Any], meta: dict[str, Any]) -> str:
         """The conversation a request belongs to (see the module text)."""
         named = meta.get(META_CONVERSATION)
         if named is not None:
             return validate_conversation_id(named)
-        session_id = _session_id(ctx)
-        if session_id:
-            return validate_conversation_id("mcp-" + "".join(c for c in session_id if c.isalnum() or c in "-_")[:60])
-        if self.transport == "stdio":
-            return self.process_conversation
-        raise InvalidToolArguments(
-            f"this request has no MCP session (a stateless HTTP request): name the conversation in "
-            f"_meta[{META_CONVERSATION!r}]"
-        )
+        return self.process_conversation
 
     def _approver(self, ctx: ServerRequestContext[Any]) -> Approver | None:
         capabilities = ctx.session.client_capabilities
@@ -236,17 +267,44 @@ def _approval_message(request: ApprovalRequest) -> str:
     return f"Approve a call of {request.tool}? {request.summary}\nArguments that will be sent:\n{shown}"
 
 
+def default_conversation(transport: Transport, token: str | None, *, proc: Path = Path("/proc")) -> str:
+    """The conversation of requests that name none: per client process over stdio, per token (or per server
+    without one) over HTTP. Stable for as long as its owner lives, and the same string every time."""
+    if transport == "http":
+        return "mcp-http" if token is None else f"mcp-http-{hashlib.sha256(token.encode()).hexdigest()[:16]}"
+    parent = os.getppid()
+    identity = f"{_read(proc / 'sys/kernel/random/boot_id')}:{parent}:{_start_time(proc, parent)}"
+    return f"mcp-stdio-{hashlib.sha256(identity.encode()).hexdigest()[:16]}"
+
+
+def _read(path: Path) -> str:
+    try:
+        return path.read_text().strip()
+    except OSError:
+        return ""
+
+
+def _start_time(proc: Path, pid: int) -> str:
+    """When a process started (clock ticks since boot), so a reused pid is another client."""
+    stat = _read(proc / str(pid) / "stat")
+    fields = stat.rpartition(")")[2].split()
+    return fields[19] if len(fields) > 19 else ""
+
+
+def _progress_sender(ctx: ServerRequestContext[Any]) -> ProgressReport:
+    """A callback any thread may call with (progress, total, message): it reaches the client as
+    ``notifications/progress`` for this request's token (nothing is sent when the request carries none)."""
+    token = anyio.lowlevel.current_token()
+
+    def send(progress: float, total: float | None, message: str | None) -> None:
+        anyio.from_thread.run(ctx.session.report_progress, progress, total, message, token=token)
+
+    return send
+
+
 def _error_result(text: str) -> types.CallToolResult:
-    return types.CallToolResult(content=[types.TextContent(text=text)], is_error=True)
-
-
-def _session_id(ctx: ServerRequestContext[Any]) -> str | None:
-    request = getattr(ctx, "request", None)
-    headers = getattr(request, "headers", None)
-    if headers is None:
-        return None
-    value = headers.get("mcp-session-id")
-    return str(value) if value else None
+    structured = ToolResult(text=text, is_error=True).model_dump(mode="json")
+    return types.CallToolResult(content=[types.TextContent(text=text)], structured_content=structured, is_error=True)
 
 
 def _version() -> str:

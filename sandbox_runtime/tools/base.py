@@ -58,6 +58,7 @@ class ToolReturn(BaseModel):
     details: dict[str, Any] | None = None
     blocks: list[dict[str, Any]] = Field(default_factory=list)  # MCP content blocks kept as they are (links)
     annotations: dict[str, Any] | None = None  # MCP annotations of the text (audience, priority)
+    structured: Any = None  # a host tool's own structured result (MCP structuredContent), shown when not spilled
 
 
 @dataclass(frozen=True)
