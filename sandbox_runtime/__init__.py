@@ -2,6 +2,7 @@
 
 from sandbox_runtime.approval import ApprovalRequest
 from sandbox_runtime.calls import HostResult, ToolCall, ToolOutcome, TurnReport
+from sandbox_runtime.control import CallControl
 from sandbox_runtime.errors import (
     EngineUnavailable,
     FileTooLarge,
@@ -29,15 +30,18 @@ from sandbox_runtime.runtime import Conversation, Runtime, SavedResult
 from sandbox_runtime.spill.spiller import ResultDescriptor
 from sandbox_runtime.spill.streamed import TableStream
 from sandbox_runtime.state import Attachment, CallRecord
+from sandbox_runtime.tools.host import HostCall
 from sandbox_runtime.tools.run_python import RunPythonResult
 
 __all__ = [
     "ApprovalRequest",
     "Attachment",
+    "CallControl",
     "CallRecord",
     "Conversation",
     "EngineUnavailable",
     "FileTooLarge",
+    "HostCall",
     "HostResult",
     "ImageError",
     "InvalidConversationId",

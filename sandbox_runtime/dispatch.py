@@ -115,13 +115,15 @@ class Dispatcher:
         turn_id: str | None = None,
         *,
         approver: Approver | None = None,
+        control: CallControl | None = None,
     ) -> TurnReport:
-        """Run (or take in) every item, spill, apply the turn budget, store the decisions, and report."""
+        """Run (or take in) every item, spill, apply the turn budget, store the decisions, and report;
+        ``control`` cancels (and hears the progress of) every call of the turn."""
         calls = [item if item.call_id else item.model_copy(update={"call_id": _new_call_id()}) for item in items]
         ids = _unique([_check_call_id(item.call_id) for item in calls])  # checked before anything runs
         stored = self.state.stored_results(conversation_id, ids)
         ctx = self._context(conversation_id)
-        prepared = self._prepare_all(ctx, calls, stored, approver)
+        prepared = self._prepare_all(ctx, calls, stored, approver, control)
         return self.settle(conversation_id, prepared, turn_id)
 
     def prepare(

@@ -36,6 +36,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict
 
 from sandbox_runtime.approval import Approver
+from sandbox_runtime.control import CallControl
 from sandbox_runtime.dispatch import Dispatcher, HostResult, ToolCall, ToolOutcome, TurnReport
 from sandbox_runtime.policy import Policy, load_policy
 from sandbox_runtime.sandbox.backend import SandboxBackend
@@ -114,10 +115,18 @@ class Conversation:
         """Run with arguments exactly as a model sent them (validated against the tool schema)."""
         return run_python(self.runtime.manager, self.id, arguments)
 
-    def call(self, tool: str, arguments: dict[str, Any] | None = None, *, call_id: str | None = None) -> ToolOutcome:
-        """Run one built-in tool call as a turn of its own; see :meth:`run_turn`."""
+    def call(
+        self,
+        tool: str,
+        arguments: dict[str, Any] | None = None,
+        *,
+        call_id: str | None = None,
+        control: CallControl | None = None,
+    ) -> ToolOutcome:
+        """Run one built-in tool call as a turn of its own; see :meth:`run_turn`. ``control`` lets another
+        thread cancel it (a run ends every process it started) and hear its progress."""
         item = ToolCall(tool=tool, arguments=arguments or {}, call_id=call_id)
-        return self.run_turn([item]).outcomes[0]
+        return self.run_turn([item], control=control).outcomes[0]
 
     def submit(
         self,
@@ -141,11 +150,13 @@ class Conversation:
         )
         return self.run_turn([item]).outcomes[0]
 
-    def run_turn(self, items: list[ToolCall | HostResult], *, turn_id: str | None = None) -> TurnReport:
+    def run_turn(
+        self, items: list[ToolCall | HostResult], *, turn_id: str | None = None, control: CallControl | None = None
+    ) -> TurnReport:
         """Run a batch of calls together: built-in calls in parallel, host results taken in, then the spill and
         the per-turn budget over all of them. Each decision is stored before this returns; a call id seen
         before gives its stored outcome again without running anything."""
-        return self.runtime.dispatcher.run_turn(self.id, items, turn_id)
+        return self.runtime.dispatcher.run_turn(self.id, items, turn_id, control=control)
 
     def rebuild_history(self, messages: list[Any]) -> HistoryRebuild:
         """The host's message list with every decided tool result replayed byte for byte (see

@@ -23,6 +23,7 @@ def test_the_public_names_are_exactly_all() -> None:
         "state",
         "dispatch",
         "calls",
+        "control",
         "execution",
         "approval",
         "turns",
