@@ -43,7 +43,11 @@ class Ran:
 
     @property
     def status(self) -> str:
-        return "denied" if self.denied else "error" if self.ret.is_error else "ok"
+        if self.denied:
+            return "denied"
+        if (self.ret.details or {}).get("status") == "cancelled":
+            return "cancelled"  # the caller cancelled it (a run ended every process it started)
+        return "error" if self.ret.is_error else "ok"
 
 
 class CallRunner:
