@@ -12,6 +12,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from sandbox_runtime.control import CallControl
+
 __all__ = [
     "BindMount",
     "ContainerInfo",
@@ -96,6 +98,11 @@ class ExecResult(_Model):
     container_died: bool = Field(False, description="The container's first process ended during the command.")
     memory_bytes_seen: int | None = Field(None, description="Highest cgroup memory use sampled during the command.")
     pids_seen: int | None = Field(None, description="Highest cgroup pids count sampled during the command.")
+    cancelled: bool = Field(
+        False,
+        description="The caller cancelled the command: every process of its uid was ended (or, set before it "
+        "started, it never ran).",
+    )
     duration_s: float
 
 
@@ -170,8 +177,15 @@ class SandboxBackend(abc.ABC):
         """Kill every process of the container and start it again (its mounts stay)."""
 
     @abc.abstractmethod
-    def exec(self, container_id: str, request: ExecRequest) -> ExecResult:
-        """Run a command; stop reading at a cap or the deadline and return what was captured."""
+    def exec(self, container_id: str, request: ExecRequest, control: CallControl | None = None) -> ExecResult:
+        """Run a command; stop reading at a cap or the deadline and return what was captured.
+
+        With ``control``: once ``control.cancelled`` is set, every process of the request's uid in the container
+        (the command and everything it started, daemons included) is ended within 2 seconds, the stream is read
+        to its end (bounded) and the result says ``cancelled``; set before the call, the command never starts.
+        ``control.progress`` hears about once a second (never more often than every 0.5 s): the seconds
+        elapsed, ``request.deadline_s`` as the total, and a line naming the bytes of output so far.
+        """
 
     @abc.abstractmethod
     def oom_kill_count(self, container_id: str) -> int | None:

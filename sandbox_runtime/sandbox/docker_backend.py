@@ -22,6 +22,7 @@ import requests.exceptions
 from docker.types import LogConfig, Ulimit
 from docker.utils import kwargs_from_env
 
+from sandbox_runtime.control import CallControl
 from sandbox_runtime.errors import EngineUnavailable, ImageError, SandboxError, SandboxGone
 from sandbox_runtime.sandbox.backend import (
     ContainerInfo,
@@ -32,7 +33,8 @@ from sandbox_runtime.sandbox.backend import (
     ProgressCallback,
     SandboxBackend,
 )
-from sandbox_runtime.sandbox.exec_stream import Watch, read_cgroup_file, read_frames
+from sandbox_runtime.sandbox.exec_stream import Caller, Watch, read_cgroup_file, read_frames
+from sandbox_runtime.sandbox.profile import PYTHON
 
 __all__ = ["DockerBackend"]
 
@@ -43,6 +45,39 @@ _EXIT_CODE_WAIT_S = 5.0
 _RUNTIME_FAILURE_EXIT = 126  # 126-128: the OCI runtime, not the code, ended the exec
 _GVISOR_SANDBOX_LOST = b'urpc method "containerManager.WaitPID" failed: EOF'
 _DEFAULT_SOCKET = "/var/run/docker.sock"
+_END_ALL_DEADLINE_S = 1.5  # the cancel's own exec: its program gives up after 1 s of retries
+# Run as the code's uid: SIGKILL everything it may signal (all of its uid but itself) until no process of the
+# uid is left but zombies, for at most a second; prints how many are left, exits 1 when any is.
+_END_ALL_PROGRAM = """
+import os, time
+me, uid = os.getpid(), os.getuid()
+def left():
+    count = 0
+    for name in os.listdir("/proc"):
+        if not name.isdigit() or int(name) == me:
+            continue
+        try:
+            if os.stat("/proc/" + name).st_uid != uid:
+                continue
+            with open("/proc/" + name + "/stat", "rb") as handle:
+                state = handle.read().rsplit(b")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            continue
+        count += state not in (b"Z", b"X")
+    return count
+end = time.monotonic() + 1.0
+while True:
+    try:
+        os.kill(-1, 9)
+    except ProcessLookupError:
+        pass
+    count = left()
+    if count == 0 or time.monotonic() >= end:
+        break
+    time.sleep(0.005)
+print(count)
+raise SystemExit(1 if count else 0)
+"""
 
 
 @contextlib.contextmanager
@@ -266,8 +301,10 @@ class DockerBackend(SandboxBackend):
             self._api.restart(container_id, timeout=0)
 
     # exec ---------------------------------------------------------------------------------------------
-    def exec(self, container_id: str, request: ExecRequest) -> ExecResult:
+    def exec(self, container_id: str, request: ExecRequest, control: CallControl | None = None) -> ExecResult:
         started = time.monotonic()
+        if control is not None and control.is_cancelled:
+            return _not_started()  # cancelled before it began: nothing runs
         with _mapped("start a command in the sandbox"):
             try:
                 exec_id = self._create_exec(container_id, request)
@@ -278,9 +315,12 @@ class DockerBackend(SandboxBackend):
             raw = self._api.exec_start(exec_id, detach=False, tty=False, socket=True)
         sock = getattr(raw, "_sock", raw)
         watch = self._watch(container_id)
+        caller = None
+        if control is not None:
+            caller = Caller(control, started, request.deadline_s, lambda: self._end_all(container_id, request.user))
         try:
             frames = read_frames(
-                sock, started + request.deadline_s, (request.stdout_max_bytes, request.stderr_max_bytes), watch
+                sock, started + request.deadline_s, (request.stdout_max_bytes, request.stderr_max_bytes), watch, caller
             )
         finally:
             for handle in (raw, sock):
@@ -311,8 +351,35 @@ class DockerBackend(SandboxBackend):
             container_died=died,
             memory_bytes_seen=watch.memory_bytes_seen,
             pids_seen=watch.pids_seen,
+            cancelled=frames.cancelled,
             duration_s=time.monotonic() - started,
         )
+
+    def _end_all(self, container_id: str, user: str) -> None:
+        """End every process of ``user``'s uid in the container: a second exec, as that uid, sends SIGKILL to
+        all it may signal (``kill(-1)`` spares only the sender; the keeper and init run under other uids) until
+        none is left. Portable across runc and runsc (gVisor), whose processes the host cannot signal. When it
+        cannot run (the sandbox is gone, or its pids are exhausted) the caller's bounded read of the stream
+        ends at its deadline and the sandbox is restarted by its owner."""
+        request = ExecRequest(
+            command=(PYTHON, "-I", "-S", "-c", _END_ALL_PROGRAM),
+            user=user,
+            stdout_max_bytes=4096,
+            stderr_max_bytes=4096,
+            deadline_s=_END_ALL_DEADLINE_S,
+        )
+        try:
+            done = self.exec(container_id, request)
+        except SandboxError as exc:
+            logger.warning("could not end the processes of a cancelled command in %s: %s", container_id[:12], exc)
+            return
+        if done.exit_code != 0:
+            logger.warning(
+                "ending the processes of a cancelled command in %s: exit code %s, %s",
+                container_id[:12],
+                done.exit_code,
+                (done.stdout + done.stderr)[-300:].decode(errors="replace").strip(),
+            )
 
     def _watch(self, container_id: str) -> Watch:
         pid = self._first_pids.get(container_id, 0)
@@ -349,7 +416,10 @@ class DockerBackend(SandboxBackend):
         pause = 0.001
         while True:
             with _mapped("read a command's exit code"):
-                state = self._api.exec_inspect(exec_id)
+                try:
+                    state = self._api.exec_inspect(exec_id)
+                except docker.errors.NotFound:
+                    return None  # the container was removed meanwhile, and its commands with it
             if not state.get("Running"):
                 code = state.get("ExitCode")
                 return None if code is None else int(code)
@@ -382,6 +452,18 @@ class DockerBackend(SandboxBackend):
 
     def close(self) -> None:
         self._client.close()
+
+
+def _not_started() -> ExecResult:
+    return ExecResult(
+        exit_code=None,
+        stdout=b"",
+        stderr=b"",
+        stdout_bytes_total=0,
+        stderr_bytes_total=0,
+        cancelled=True,
+        duration_s=0.0,
+    )
 
 
 def _pid_in_container(pid: int, container_id: str) -> bool:

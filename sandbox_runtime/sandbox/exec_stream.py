@@ -2,7 +2,9 @@
 
 Docker multiplexes an exec's stdout and stderr on one socket as frames (an 8-byte header: stream number, three
 zero bytes, payload length). The reader stops at EOF, a byte cap, a deadline, or when the container's first
-process is gone; the watch samples the container's cgroup (memory, pids) while it lives.
+process is gone; the watch samples the container's cgroup (memory, pids) while it lives. A :class:`Caller` (the
+call's :class:`~sandbox_runtime.control.CallControl`) is served from the same loop: a cancel ends every process
+of the command and the stream is then read to its end (bounded), and progress is reported about once a second.
 """
 
 from __future__ import annotations
@@ -15,11 +17,17 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal, NamedTuple
 
-__all__ = ["Frames", "Watch", "read_cgroup_file", "read_frames"]
+from sandbox_runtime.control import CallControl
+
+__all__ = ["Caller", "Frames", "Watch", "read_cgroup_file", "read_frames"]
 
 _HEADER = struct.Struct(">BxxxL")
 _STDOUT, _STDERR = 1, 2
 _WATCH_INTERVAL_S = 0.2
+# progress goes out every 0.7 s at the earliest; the loop wakes at least every _WATCH_INTERVAL_S, so the gap
+# between two reports stays under a second (and never below half of one)
+_PROGRESS_INTERVAL_S = 0.7
+_CANCEL_DRAIN_S = 1.0  # after the processes were ended, how long the rest of the stream may take to arrive
 _CGROUP_ROOT = Path("/sys/fs/cgroup")
 
 
@@ -83,26 +91,76 @@ class Watch:
         return self.alive()
 
 
+class Caller:
+    """The caller of an exec, as the read loop serves it: its cancel, and its progress (throttled).
+
+    ``end_all`` ends every process of the command (it returns once they are gone, or gives up on its own
+    deadline); the stream then reaches its end by itself.
+    """
+
+    def __init__(self, control: CallControl, started: float, total_s: float, end_all: Callable[[], None]) -> None:
+        self._control = control
+        self._started = started
+        self._total_s = total_s
+        self._end_all = end_all
+        self._last_report = started
+
+    def cancelled(self) -> bool:
+        return self._control.is_cancelled
+
+    def end_all(self) -> None:
+        self._end_all()
+
+    def pace(self, output_bytes: int) -> None:
+        """Report progress when it is due: seconds elapsed, of the total, and the bytes printed so far."""
+        if self._control.progress is None:
+            return
+        now = time.monotonic()
+        if now - self._last_report < _PROGRESS_INTERVAL_S:
+            return
+        self._last_report = now
+        elapsed = now - self._started
+        self._control.report(
+            elapsed, self._total_s, f"{elapsed:.1f} s elapsed, {output_bytes:,} bytes of output so far"
+        )
+
+
 class Frames(NamedTuple):
     stdout: bytearray
     stderr: bytearray
     totals: tuple[int, int]
     over_cap: Literal["stdout", "stderr"] | None
     stop: Literal["eof", "cap", "deadline", "died"]
+    cancelled: bool = False
 
 
-def read_frames(sock: Any, deadline: float, caps: tuple[int, int], watch: Watch) -> Frames:
-    """Demultiplex Docker's attach stream until EOF, a cap, the deadline, or the container's death."""
+def read_frames(
+    sock: Any, deadline: float, caps: tuple[int, int], watch: Watch, caller: Caller | None = None
+) -> Frames:
+    """Demultiplex Docker's attach stream until EOF, a cap, the deadline, or the container's death.
+
+    When the caller cancels, its processes are ended and the rest of the stream is read for at most
+    ``_CANCEL_DRAIN_S`` more (then ``stop`` is ``deadline``: something kept the stream open).
+    """
     buffers = {_STDOUT: bytearray(), _STDERR: bytearray()}
     limits = {_STDOUT: caps[0], _STDERR: caps[1]}
     totals = {_STDOUT: 0, _STDERR: 0}
     pending = bytearray()
     fd = sock.fileno()
+    cancelled = False
 
     def frames(over_cap: Literal["stdout", "stderr"] | None, stop: Literal["eof", "cap", "deadline", "died"]) -> Frames:
-        return Frames(buffers[_STDOUT], buffers[_STDERR], (totals[_STDOUT], totals[_STDERR]), over_cap, stop)
+        totals_seen = (totals[_STDOUT], totals[_STDERR])
+        return Frames(buffers[_STDOUT], buffers[_STDERR], totals_seen, over_cap, stop, cancelled)
 
     while True:
+        if caller is not None and not cancelled:
+            if caller.cancelled():
+                cancelled = True
+                caller.end_all()
+                deadline = min(deadline, time.monotonic() + _CANCEL_DRAIN_S)
+            else:
+                caller.pace(totals[_STDOUT] + totals[_STDERR])
         left = deadline - time.monotonic()
         if left <= 0:
             return frames(None, "deadline")

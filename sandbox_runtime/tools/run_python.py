@@ -10,7 +10,15 @@ timeout            the wall-clock limit ended it (SIGTERM, then SIGKILL after ``
 memory_limit       the kernel's OOM killer ended a process of the run (even when the parent then exited 0)
 output_limit       stdout or stderr passed its byte cap: the run was killed; what was captured is kept in a file
 quota_exceeded     the results folder is full (used and limit in bytes are given)
+cancelled          the caller cancelled the call: every process of the run was ended (within 2 s), or, cancelled
+                   before it started, nothing ran; files written before that stay
 =================  ===========================================================================================
+
+A sandbox removed from outside while a script runs (``sandbox-runtime gc``, or by hand) ends the run with
+``error`` and a message saying so; the next call starts a fresh sandbox. With a
+:class:`~sandbox_runtime.control.CallControl` the caller hears the run's progress about once a second (seconds
+elapsed, of the time limit, and the bytes of output so far) and can cancel it; the conversation's lock is given
+up as soon as the run has ended.
 
 Bad arguments raise typed errors (:class:`InvalidToolArguments`, :class:`~sandbox_runtime.errors.PathRejected`);
 an unreachable engine raises :class:`~sandbox_runtime.errors.EngineUnavailable`. Failures of the code itself
@@ -22,6 +30,8 @@ from __future__ import annotations
 import errno
 import logging
 import re
+import threading
+import time
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -29,7 +39,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from sandbox_runtime.control import CallControl
 from sandbox_runtime.errors import InvalidToolArguments, PathNotFound, PathRejected, SandboxGone
 from sandbox_runtime.policy import Policy
-from sandbox_runtime.sandbox.backend import ExecRequest, ExecResult
+from sandbox_runtime.sandbox.backend import ExecRequest, ExecResult, SandboxBackend
 from sandbox_runtime.sandbox.manager import Sandbox, SandboxManager
 from sandbox_runtime.sandbox.profile import PYTHON, code_user, exec_environment, runner_command
 from sandbox_runtime.store.quota import QuotaUsage
@@ -41,7 +51,7 @@ __all__ = ["InvalidToolArguments", "RunPythonArgs", "RunPythonResult", "RunStatu
 
 logger = logging.getLogger(__name__)
 
-RunStatus = Literal["ok", "error", "timeout", "memory_limit", "output_limit", "quota_exceeded"]
+RunStatus = Literal["ok", "error", "timeout", "memory_limit", "output_limit", "quota_exceeded", "cancelled"]
 _RUNNER_TIMEOUT_EXIT = 124
 _RUNNER_OUTPUT_LIMIT_EXIT = 125
 _MEMORY_NEAR_LIMIT = 0.75  # a sandbox that died with memory use sampled this close to the limit ran out of it
@@ -51,6 +61,13 @@ _NO_SPACE = re.compile(r"\[Errno 28\]|No space left on device")
 # ext4 refuses a large write while its delayed allocation still holds reservations, so the folder reads
 # "nearly full" rather than full when the script fails: within 5 % of the quota (at least 4 MiB)
 _NEARLY_FULL_BYTES = 4 * 1024 * 1024
+_LOCK_POLL_S = 0.2  # a cancelled call that waits for its conversation's lock gives up within this
+# a run ended by the sandbox's end or by a signal: how long the engine is asked whether the container is being
+# removed (docker marks the removal before it kills, but shows it only once the kill is recorded)
+_REMOVAL_SETTLE_S = 1.0
+_REMOVAL_POLL_S = 0.02
+_GONE_STATES = frozenset({"removing", "dead"})
+_NOT_STARTED = "Cancelled by the caller before it started: nothing ran."
 
 
 class RunPythonArgs(BaseModel):
@@ -147,62 +164,146 @@ def run_python(
     policy = manager.policy
     args = parse_args(raw_args, policy)
     timeout_s = args.timeout_s or policy.run.default_timeout_s
-    with manager.lock(conversation_id):
-        sandbox = manager.get_or_create(conversation_id)
-        root = manager.store.results_root(sandbox.folders)
-        run_number = manager.state.next_run_number(conversation_id)
-        try:
-            script = _script(root, args, run_number, policy.store.read_max_bytes)
-        except (PathRejected, PathNotFound):
+    lock = manager.lock(conversation_id)
+    if not _acquire(lock, control):
+        return _not_started(args)
+    try:
+        return _run_locked(manager, conversation_id, args, timeout_s, control)
+    finally:
+        lock.release()  # as soon as the run has ended: the conversation's next call starts at once
+
+
+def _acquire(lock: threading.RLock, control: CallControl | None) -> bool:
+    """Take the conversation's lock; False (and not held) when the call is cancelled before it got it."""
+    if control is None:
+        lock.acquire()
+        return True
+    while not lock.acquire(timeout=_LOCK_POLL_S):
+        if control.is_cancelled:
+            return False
+    if control.is_cancelled:
+        lock.release()
+        return False
+    return True
+
+
+def _exec_control(control: CallControl | None, timeout_s: float) -> CallControl | None:
+    """The control the backend gets: the same cancel; progress given against the run's own time limit (the
+    backend's total is its deadline, which has the host's margins on top)."""
+    if control is None or control.progress is None:
+        return control
+
+    def report(progress: float, _total: float | None, message: str | None) -> None:
+        control.report(progress, timeout_s, message)
+
+    return CallControl(cancelled=control.cancelled, progress=report)
+
+
+def _run_locked(
+    manager: SandboxManager,
+    conversation_id: str,
+    args: RunPythonArgs,
+    timeout_s: float,
+    control: CallControl | None,
+) -> RunPythonResult:
+    policy = manager.policy
+    sandbox = manager.get_or_create(conversation_id)
+    root = manager.store.results_root(sandbox.folders)
+    run_number = manager.state.next_run_number(conversation_id)
+    try:
+        script = _script(root, args, run_number, policy.store.read_max_bytes)
+    except (PathRejected, PathNotFound):
+        raise
+    except OSError as exc:
+        if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
             raise
-        except OSError as exc:
-            if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
-                raise
-            logger.info("saving inline code failed: the results folder is full (%s)", exc)
-            usage = manager.store.usage(sandbox.folders)
-            return _not_saved(usage.used_bytes, usage.limit_bytes)
-        oom_before = manager.backend.oom_kill_count(sandbox.container_id)
-        caps = (policy.run.stdout_max_bytes, policy.run.stderr_max_bytes)
-        request = ExecRequest(
-            command=runner_command(policy, timeout_s, (PYTHON, script, *args.args)),
-            user=code_user(policy),
-            environment=exec_environment(policy),
-            working_dir=policy.sandbox.results_mount_path,
-            stdout_max_bytes=caps[0] + _HOST_CAP_MARGIN_BYTES,
-            stderr_max_bytes=caps[1] + _HOST_CAP_MARGIN_BYTES,
-            deadline_s=timeout_s + policy.run.kill_grace_s + _HOST_DEADLINE_MARGIN_S,
-        )
-        try:
-            result = manager.backend.exec(sandbox.container_id, request)
-        except SandboxGone:
-            # removed or stopped from outside since this process last used it: nothing ran; start afresh
-            logger.info("sandbox of %s is gone; starting a new one", conversation_id)
-            manager.forget(conversation_id)
-            sandbox = manager.get_or_create(conversation_id)
-            result = manager.backend.exec(sandbox.container_id, request)
-        if result.container_died:
-            # gVisor ends its whole sandbox when the code exhausts memory or processes
-            manager.discard(sandbox, f"the sandbox ended during run {run_number}")
-        elif result.over_cap is not None or result.deadline_hit:
-            # the runner did not stop the run itself (the code got around it): end every process at once
-            logger.warning(
-                "run %d in %s passed the host's backstop (%s); restarting the sandbox",
-                run_number,
-                conversation_id,
-                result.over_cap or "deadline",
-            )
-            manager.restart(sandbox)
-        oom_after = None if result.container_died else manager.backend.oom_kill_count(sandbox.container_id)
-        if not result.container_died:
-            manager.touch(sandbox)
+        logger.info("saving inline code failed: the results folder is full (%s)", exc)
+        usage = manager.store.usage(sandbox.folders)
+        return _not_saved(usage.used_bytes, usage.limit_bytes)
+    oom_before = manager.backend.oom_kill_count(sandbox.container_id)
+    caps = (policy.run.stdout_max_bytes, policy.run.stderr_max_bytes)
+    request = ExecRequest(
+        command=runner_command(policy, timeout_s, (PYTHON, script, *args.args)),
+        user=code_user(policy),
+        environment=exec_environment(policy),
+        working_dir=policy.sandbox.results_mount_path,
+        stdout_max_bytes=caps[0] + _HOST_CAP_MARGIN_BYTES,
+        stderr_max_bytes=caps[1] + _HOST_CAP_MARGIN_BYTES,
+        deadline_s=timeout_s + policy.run.kill_grace_s + _HOST_DEADLINE_MARGIN_S,
+    )
+    exec_control = _exec_control(control, timeout_s)
+    try:
+        result = manager.backend.exec(sandbox.container_id, request, exec_control)
+    except SandboxGone:
+        # removed or stopped from outside since this process last used it: nothing ran; start afresh
+        logger.info("sandbox of %s is gone; starting a new one", conversation_id)
+        manager.forget(conversation_id)
+        sandbox = manager.get_or_create(conversation_id)
+        result = manager.backend.exec(sandbox.container_id, request, exec_control)
+    oom_after = None if result.container_died else manager.backend.oom_kill_count(sandbox.container_id)
+    oom_rose = oom_before is not None and oom_after is not None and oom_after > oom_before
+    removed = _ended_abruptly(result, oom_rose) and _removed_from_outside(manager.backend, sandbox.container_id)
+    _tend(manager, sandbox, result, run_number, removed=removed)
+    if result.cancelled:
+        status: RunStatus = "cancelled"
+    elif removed:
+        status = "error"
+    else:
         status = _classify(result, timeout_s, oom_before, oom_after)
         if result.container_died:
             seen = result.memory_bytes_seen or 0
             status = "memory_limit" if seen >= _MEMORY_NEAR_LIMIT * policy.sandbox.limits.memory_bytes else "error"
-        breach = _quota_breach(manager, sandbox, result) if status in ("ok", "error") else None
-        if breach is not None:
-            status = "quota_exceeded"
-        return _finish(policy, root, script, run_number, result, status, timeout_s, breach)
+    breach = _quota_breach(manager, sandbox, result) if status in ("ok", "error") and not removed else None
+    if breach is not None:
+        status = "quota_exceeded"
+    return _finish(policy, root, script, run_number, result, status, timeout_s, breach, removed=removed)
+
+
+def _tend(manager: SandboxManager, sandbox: Sandbox, result: ExecResult, run_number: int, *, removed: bool) -> None:
+    """Leave the sandbox fit for the next run: forget a removed or ended one, restart one the run got around."""
+    if removed:
+        manager.discard(sandbox, f"removed from outside during run {run_number}")
+    elif result.container_died:
+        # gVisor ends its whole sandbox when the code exhausts memory or processes
+        manager.discard(sandbox, f"the sandbox ended during run {run_number}")
+    elif result.over_cap is not None or result.deadline_hit:
+        # the runner did not stop the run itself (the code got around it, or a cancel's kill could not run):
+        # end every process at once
+        logger.warning(
+            "run %d in %s passed the host's backstop (%s); restarting the sandbox",
+            run_number,
+            sandbox.conversation_id,
+            result.over_cap or ("cancel" if result.cancelled else "deadline"),
+        )
+        manager.restart(sandbox)
+    if not (result.container_died or removed):
+        manager.touch(sandbox)
+
+
+def _ended_abruptly(result: ExecResult, oom_rose: bool) -> bool:
+    """Whether the run's end may have been the sandbox's removal: the container died, the stream ended without
+    an exit code, or a signal ended the runner with no out-of-memory kill to explain it."""
+    if result.cancelled:
+        return False
+    if result.container_died:
+        return True
+    if result.exit_code is None:
+        return not result.deadline_hit and result.over_cap is None
+    return result.exit_code > 128 and not oom_rose
+
+
+def _removed_from_outside(backend: SandboxBackend, container_id: str) -> bool:
+    """Whether the container is gone or being removed (``gc``, or by hand), as against ended in place (gVisor
+    ends its sandbox at memory or pids exhaustion, and the container stays). Bounded: the engine records the
+    removal's kill a moment after the run's stream ended."""
+    deadline = time.monotonic() + _REMOVAL_SETTLE_S
+    while True:
+        info = backend.inspect(container_id)
+        if info is None or info.status in _GONE_STATES:
+            return True
+        if not info.running or time.monotonic() >= deadline:
+            return False
+        time.sleep(_REMOVAL_POLL_S)
 
 
 def _classify(result: ExecResult, timeout_s: float, oom_before: int | None, oom_after: int | None) -> RunStatus:
@@ -233,6 +334,26 @@ def _quota_breach(manager: SandboxManager, sandbox: Sandbox, result: ExecResult)
     return usage if usage.free_bytes <= max(_NEARLY_FULL_BYTES, usage.limit_bytes // 20) else None
 
 
+def _never_started(result: ExecResult) -> bool:
+    """A cancel the backend saw before it started the command (it ran nothing, printed nothing)."""
+    return result.cancelled and result.exit_code is None and result.duration_s == 0.0 and not result.stdout
+
+
+def _not_started(args: RunPythonArgs) -> RunPythonResult:
+    return RunPythonResult(
+        status="cancelled",
+        is_error=True,
+        exit_code=None,
+        stdout="",
+        stderr="",
+        duration_s=0.0,
+        message=_NOT_STARTED,
+        script_path=args.script_path or "(not saved: cancelled before it started)",
+        stdout_bytes=0,
+        stderr_bytes=0,
+    )
+
+
 def _not_saved(used: int, limit: int) -> RunPythonResult:
     return RunPythonResult(
         status="quota_exceeded",
@@ -261,6 +382,8 @@ def _finish(
     status: RunStatus,
     timeout_s: float,
     breach: QuotaUsage | None,
+    *,
+    removed: bool = False,
 ) -> RunPythonResult:
     stdout = _decode(result.stdout[: policy.run.stdout_max_bytes])
     stderr = _decode(result.stderr[: policy.run.stderr_max_bytes])
@@ -277,6 +400,16 @@ def _finish(
     )
     if status == "ok":
         return RunPythonResult(message=f"Exit code 0 in {result.duration_s:.2f} s.", **base)
+    if status == "cancelled" and _never_started(result):
+        return RunPythonResult(message=_NOT_STARTED, **base)
+    if status == "cancelled":
+        error_path = _save(root, f"errors/run-{run_number:04d}.txt", stderr) if stderr else None
+        saved = f" Its stderr so far: {error_path} — read it with read_file." if error_path else ""
+        message = (
+            f"Cancelled by the caller after {result.duration_s:.1f} s: every process of the run was ended. "
+            f"Files it wrote before that stay in {policy.sandbox.results_mount_path}.{saved}"
+        )
+        return RunPythonResult(message=message, error_path=error_path, **base)
     error_path = _save(root, f"errors/run-{run_number:04d}.txt", stderr)
     output_path = None
     extra: dict[str, Any] = {}
@@ -287,7 +420,13 @@ def _finish(
         error_file_path=error_path or "(not saved: the results folder is full)",
         max_chars=policy.run.error_message_max_chars,
     )
-    if status == "error" and result.container_died:
+    if status == "error" and removed:
+        message = (
+            f"The sandbox was removed while the script ran (by `sandbox-runtime gc` or by hand), which ended the "
+            f"run before it finished. The next call starts a fresh sandbox; files the script wrote before that "
+            f"stay in {policy.sandbox.results_mount_path}. Output so far: {error_path or '(not saved)'}."
+        )
+    elif status == "error" and result.container_died:
         limits = policy.sandbox.limits
         message = (
             f"The sandbox ended while the script ran: it reached a resource limit (at most {limits.pids_max:,} "
