@@ -1,0 +1,33 @@
+"""pydantic-ai's MCP client in front of ``sandbox-runtime serve`` over stdio, its model a scripted
+``FunctionModel`` (no LLM) that picks each call from what the previous one returned and records what it read."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from sandbox_runtime.sample_data import make_sample_database
+from tests.client_helpers import (
+    check_one_conversation_did_the_work,
+    check_what_the_model_received,
+    pydantic_ai_walk,
+)
+from tests.conftest import RuntimeFactory
+from tests.mcp_helpers import BUILTIN_TOOLS, serve_command
+
+
+@pytest.fixture
+def database(tmp_path: Path) -> Path:
+    return make_sample_database(tmp_path / "shop.sqlite3", rows=360)
+
+
+def test_a_pydantic_ai_agent_exports_query_rows_by_path_and_its_model_reads_stdout_errors_and_files(
+    runtime_factory: RuntimeFactory, served_state: Path, database: Path
+) -> None:
+    report = pydantic_ai_walk(serve_command(served_state, "--database", str(database)))
+
+    assert sorted(report["offered"]) == sorted([*BUILTIN_TOOLS, "sql_query"])  # the model was offered every tool
+    check_what_the_model_received(report)
+    assert report["output"] == "Here is your spreadsheet."
+    check_one_conversation_did_the_work(runtime_factory, served_state)
