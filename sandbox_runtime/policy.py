@@ -200,7 +200,9 @@ class UpstreamServer(_Model):
     env: dict[str, str] = Field(default_factory=dict, description="Extra environment variables for the command.")
     url: str | None = Field(None, description="Streamable HTTP endpoint, e.g. http://127.0.0.1:9000/mcp.")
     token_variable: str | None = Field(
-        None, description="Environment variable whose value is sent as a bearer token to `url`."
+        None,
+        description="Environment variable whose value is sent as a bearer token to `url`; while it is unset or "
+        "empty the upstream is not started (reported down, naming the variable).",
     )
 
     @model_validator(mode="after")
@@ -209,6 +211,11 @@ class UpstreamServer(_Model):
             raise ValueError("give exactly one of `command` (stdio) or `url` (streamable HTTP)")
         if self.command is not None and not self.command:
             raise ValueError("`command` must name a program")
+        if self.token_variable is not None:
+            if self.url is None:
+                raise ValueError("`token_variable` is for a `url` upstream (a command gets its variables from `env`)")
+            if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", self.token_variable):
+                raise ValueError(f"`token_variable` must name an environment variable, not {self.token_variable!r}")
         return self
 
 

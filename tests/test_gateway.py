@@ -1,7 +1,10 @@
-"""The gateway in front of real upstream MCP servers from PyPI (mcp-server-sqlite, mcp-server-time).
+"""The gateway in front of real upstream MCP servers.
 
-They are installed by scripts/setup.sh into .venv-upstream (they are built on the 1.x SDK). Without them the
-tests skip on a developer's machine and fail in CI.
+- mcp-server-sqlite and mcp-server-time from PyPI, installed by scripts/setup.sh into .venv-upstream (they are
+  built on the 1.x SDK); without them those tests skip on a developer's machine and fail in CI;
+- tests/upstreams/sdk_upstream.py, built on the 2.x SDK of this venv: the SDK's ``{"result": ...}`` wrapper, an
+  output schema of its own, an image, progress and cancellation;
+- a plain TCP listener standing in for an HTTP upstream that must never be asked anything.
 """
 
 from __future__ import annotations
@@ -9,10 +12,15 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
+import sys
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import anyio
 import httpx2
 import mcp_types as types
 import psutil
@@ -21,8 +29,12 @@ from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 
 from sandbox_runtime import Conversation
+from sandbox_runtime.control import CallControl
+from sandbox_runtime.errors import UpstreamError
 from sandbox_runtime.mcp.gateway import Gateway
+from sandbox_runtime.mcp.resources import result_uri
 from sandbox_runtime.policy import McpPolicy, UpstreamServer
+from sandbox_runtime.runtime import Runtime
 from sandbox_runtime.sample_data import make_sample_database
 from tests.conftest import RuntimeFactory
 from tests.mcp_helpers import (
@@ -36,16 +48,21 @@ from tests.mcp_helpers import (
     structured,
     text_of,
 )
+from tests.upstreams.sdk_upstream import frame_rows, lines_text, png_bytes, wav_bytes
 
 UPSTREAM_BIN = Path(__file__).resolve().parent.parent / ".venv-upstream" / "bin"
 SQLITE_SERVER = UPSTREAM_BIN / "mcp-server-sqlite"
 TIME_SERVER = UPSTREAM_BIN / "mcp-server-time"
+SDK_UPSTREAM = [sys.executable, str(Path(__file__).resolve().parent / "upstreams" / "sdk_upstream.py")]
 ROWS = 2000
+MARKER_WAIT_S = 30.0
 
-if not (SQLITE_SERVER.exists() and TIME_SERVER.exists()):
-    if os.environ.get("CI"):
-        raise RuntimeError(f"the upstream MCP servers are missing in {UPSTREAM_BIN}: scripts/setup.sh installs them")
-    pytest.skip("upstream MCP servers not installed (run scripts/setup.sh)", allow_module_level=True)
+if not (SQLITE_SERVER.exists() and TIME_SERVER.exists()) and os.environ.get("CI"):
+    raise RuntimeError(f"the upstream MCP servers are missing in {UPSTREAM_BIN}: scripts/setup.sh installs them")
+pypi_upstreams = pytest.mark.skipif(
+    not (SQLITE_SERVER.exists() and TIME_SERVER.exists()),
+    reason="upstream MCP servers not installed (run scripts/setup.sh)",
+)
 
 INSERT_SCRIPT = """\
 import json
@@ -81,6 +98,7 @@ def gateway(sqlite_db: Path) -> Iterator[Gateway]:
         yield started
 
 
+@pypi_upstreams
 def test_an_mcp_client_sends_a_large_insert_by_delegate_call_and_gets_the_rows_as_a_spilled_table(
     runtime_factory: RuntimeFactory, served_state: Path, sqlite_db: Path
 ) -> None:
@@ -108,9 +126,9 @@ def test_an_mcp_client_sends_a_large_insert_by_delegate_call_and_gets_the_rows_a
             read = await client.call_tool("sqlite__read_query", {"query": "SELECT * FROM frames ORDER BY id"})
             seen["read"] = structured(read)
             seen["read_links"] = links_of(read)
-            spill = seen["read"]["descriptor"]
+            spill = seen["read"]["file"]
             exported = await client.call_tool("export_table", {"source": spill["path"], "format": "csv"})
-            seen["exported"] = structured(exported)["descriptor"]
+            seen["exported"] = structured(exported)["file"]
             csv_link = links_of(exported)[0]
             contents = (await client.read_resource(csv_link.uri)).contents[0]
             assert isinstance(contents, types.TextResourceContents)
@@ -122,7 +140,7 @@ def test_an_mcp_client_sends_a_large_insert_by_delegate_call_and_gets_the_rows_a
     assert {"sqlite__read_query", "sqlite__write_query", "time__get_current_time"} <= set(seen["names"])
     assert seen["names"][:8] == BUILTIN_TOOLS
     assert "'affected_rows': 2000" in seen["delegated"]
-    spill = seen["read"]["descriptor"]
+    spill = seen["read"]["file"]
     assert (spill["rows"], spill["columns"], spill["format"]) == (ROWS, ["id", "library", "size_kb", "note"], "table")
     assert spill["column_types"][:3] == ["integer", "string", "number"]
     assert seen["read_links"][0].size == spill["bytes"]
@@ -150,6 +168,7 @@ def conversation(runtime_factory: RuntimeFactory, gateway: Gateway) -> Conversat
     return runtime.conversation("gateway")
 
 
+@pypi_upstreams
 def test_an_upstream_that_dies_gives_a_clear_error_and_is_restarted(
     conversation: Conversation, gateway: Gateway, sqlite_db: Path
 ) -> None:
@@ -168,6 +187,7 @@ def test_an_upstream_that_dies_gives_a_clear_error_and_is_restarted(
     assert conversation.call("time__get_current_time", {"timezone": "UTC"}).is_error is False  # the other one
 
 
+@pypi_upstreams
 def test_an_upstream_that_hangs_times_out_and_is_replaced(conversation: Conversation, sqlite_db: Path) -> None:
     assert not conversation.call("sqlite__list_tables", {}).is_error
     stalled = upstream_pid(str(sqlite_db))
@@ -185,6 +205,7 @@ def test_an_upstream_that_hangs_times_out_and_is_replaced(conversation: Conversa
             os.kill(stalled, signal.SIGKILL)
 
 
+@pypi_upstreams
 def test_results_of_upstream_tools_spill_like_any_other(conversation: Conversation) -> None:
     now = conversation.call("time__get_current_time", {"timezone": "Europe/Berlin"})
     assert not now.is_error
@@ -192,6 +213,7 @@ def test_results_of_upstream_tools_spill_like_any_other(conversation: Conversati
     assert now.descriptor is None  # short: inline, no file
 
 
+@pypi_upstreams
 def test_an_http_client_walks_spill_export_attach_with_an_approval_and_delegates_to_an_upstream(
     served_state: Path, tmp_path: Path, sqlite_db: Path
 ) -> None:
@@ -254,10 +276,251 @@ def test_an_upstream_over_streamable_http_with_a_token(
             assert not written.is_error, written.text
             read = conversation.call("inner__read_file", {"path": "/mnt/results/n.txt"})
             assert not read.is_error, read.text
-            # an upstream's structuredContent is its result (here: the inner runtime's own descriptor)
-            assert json.loads(read.text)["tool"] == "read_file"
+            # an upstream's structuredContent (its tool declares an output schema) is its result: here the inner
+            # runtime's own result object, saved whole as JSON
+            assert read.descriptor is not None
+            assert read.descriptor.format == "json"
+            root = runtime.store.results_root(conversation.folders)
+            inner = json.loads(root.read_text(read.descriptor.path, max_bytes=1 << 20))
+            assert (inner["text"], inner["path"]) == ("x" * 3000, "/mnt/results/n.txt")
         monkeypatch.setenv("INNER_TOKEN", "wrong")
         with Gateway(McpPolicy(upstream_start_timeout_s=5.0), upstreams) as refused:
             (status,) = refused.status()
             assert not status.running
             assert status.error is not None
+
+
+# --------------------------------------------------------------------- an upstream built on the 2.x Python SDK
+@pytest.fixture
+def sdk_gateway() -> Iterator[Gateway]:
+    with Gateway(McpPolicy(upstream_start_timeout_s=30.0), {"sdk": UpstreamServer(command=SDK_UPSTREAM)}) as started:
+        (status,) = started.status()
+        assert status.running, status.error
+        yield started
+
+
+@pytest.fixture
+def sdk_runtime(runtime_factory: RuntimeFactory, sdk_gateway: Gateway) -> Runtime:
+    runtime = runtime_factory()
+    sdk_gateway.register(runtime)
+    return runtime
+
+
+def saved_text(runtime: Runtime, conversation: Conversation, path: str) -> str:
+    return runtime.store.results_root(conversation.folders).read_text(path, max_bytes=1 << 24)
+
+
+def test_a_999_character_text_from_an_sdk_upstream_is_shown_as_it_is_without_the_sdk_wrapper(
+    sdk_runtime: Runtime,
+) -> None:
+    conversation = sdk_runtime.conversation("sdk-text")
+    shown = conversation.call("sdk__text", {"chars": 999})
+    assert not shown.is_error, shown.text
+    assert shown.text == lines_text(999)  # the upstream's lines, not {"result": "line 00000: …\\n…"}
+    assert shown.descriptor is None  # 999 characters: under the 1,000-character threshold (the wrapper made 1,026)
+    assert shown.structured is None  # the wrapper is not the tool's own structured result
+
+
+def test_a_5000_character_text_from_an_sdk_upstream_spills_as_a_text_file_of_its_own_lines(
+    sdk_runtime: Runtime,
+) -> None:
+    conversation = sdk_runtime.conversation("sdk-long-text")
+    spilled = conversation.call("sdk__text", {"chars": 5000})
+    assert not spilled.is_error, spilled.text
+    d = spilled.descriptor
+    assert d is not None
+    assert (d.format, d.chars) == ("text", 5000)
+    assert d.path.endswith(".txt")
+    assert saved_text(sdk_runtime, conversation, d.path).splitlines() == lines_text(5000).splitlines()
+    assert spilled.text.startswith("line 00000: the quick brown fox")  # the preview is the text, too
+
+
+def test_an_upstream_tools_own_structured_result_is_kept_and_a_large_one_spills_as_a_table(
+    sdk_runtime: Runtime,
+) -> None:
+    spec = sdk_runtime.tools["sdk__frames"]
+    assert spec.title == "Frames as a table"
+    assert spec.output_schema is not None
+    assert set(spec.output_schema["properties"]) == {"columns", "rows"}  # the upstream's own, passed on
+    assert sdk_runtime.tools["sdk__text"].output_schema is None  # the SDK's {"result": string} is not its own
+    conversation = sdk_runtime.conversation("sdk-frames")
+
+    small = conversation.call("sdk__frames", {"count": 3})
+    assert not small.is_error, small.text
+    assert small.structured == {"columns": ["id", "library", "size_kb"], "rows": frame_rows(3)}
+    assert json.loads(small.text) == small.structured
+
+    large = conversation.call("sdk__frames", {"count": ROWS})
+    d = large.descriptor
+    assert d is not None
+    assert (d.format, d.rows, d.columns) == ("table", ROWS, ["id", "library", "size_kb"])
+    assert d.column_types == ["integer", "string", "number"]
+
+    listed = conversation.call("sdk__frame_list", {"count": ROWS})  # records the SDK wrapped in {"result": [...]}
+    d = listed.descriptor
+    assert d is not None
+    assert (d.format, d.rows, d.columns) == ("table", ROWS, ["id", "library", "size_kb"])
+
+
+def test_an_image_from_an_upstream_is_saved_with_its_bytes_named_in_the_text_and_linked(
+    sdk_runtime: Runtime,
+) -> None:
+    conversation = sdk_runtime.conversation("sdk-image")
+    shown = conversation.call("sdk__image", {"side": 16}, call_id="image-1")
+    assert not shown.is_error, shown.text
+    expected = png_bytes(16)
+    path = "/mnt/results/spill/sdk__image-image-1-1.png"
+    assert shown.text == f"[image saved as {path}: image/png, {len(expected):,} bytes]"
+    root = sdk_runtime.store.results_root(conversation.folders)
+    assert root.read_bytes(path, max_bytes=1 << 20) == expected
+    (link,) = shown.blocks
+    assert link["type"] == "resource_link"
+    assert link["uri"] == result_uri("sdk-image", path, "/mnt/results")
+    assert (link["mimeType"], link["size"], link["name"]) == ("image/png", len(expected), "sdk__image-image-1-1.png")
+
+
+def test_an_audio_clip_from_an_upstream_is_saved_as_a_wav_file_with_its_bytes(sdk_runtime: Runtime) -> None:
+    conversation = sdk_runtime.conversation("sdk-audio")
+    shown = conversation.call("sdk__clip", {"samples": 800}, call_id="clip-1")
+    expected = wav_bytes(800)
+    path = "/mnt/results/spill/sdk__clip-clip-1-1.wav"
+    assert shown.text == f"[audio saved as {path}: audio/wav, {len(expected):,} bytes]"
+    assert sdk_runtime.store.results_root(conversation.folders).read_bytes(path, max_bytes=1 << 20) == expected
+    (link,) = shown.blocks
+    assert (link["mimeType"], link["size"]) == ("audio/wav", len(expected))
+
+
+def test_an_upstreams_progress_reaches_the_caller_in_order(sdk_runtime: Runtime) -> None:
+    heard: list[tuple[float, float | None, str | None]] = []
+    control = CallControl(progress=lambda progress, total, message: heard.append((progress, total, message)))
+    done = sdk_runtime.conversation("sdk-progress").call("sdk__steps", {"count": 5}, control=control)
+    assert not done.is_error, done.text
+    assert done.text == "5 steps done"
+    assert heard == [(float(step), 5.0, f"step {step} of 5") for step in range(1, 6)]
+
+
+def test_a_call_the_caller_cancels_is_cancelled_upstream_and_the_model_is_told(
+    sdk_runtime: Runtime, tmp_path: Path
+) -> None:
+    marker = tmp_path / "cancelled.txt"
+    cancelled = threading.Event()
+    # the upstream's first progress report says it is waiting: the caller cancels then
+    control = CallControl(cancelled=cancelled, progress=lambda *_: cancelled.set())
+    outcome = sdk_runtime.conversation("sdk-cancel").call(
+        "sdk__wait_for_cancel", {"marker": str(marker)}, control=control
+    )
+    assert outcome.is_error
+    assert "the call of wait_for_cancel on the upstream MCP server 'sdk' was cancelled" in outcome.text
+    deadline = time.monotonic() + MARKER_WAIT_S  # the upstream heard notifications/cancelled (it writes the marker)
+    while not marker.exists():
+        assert time.monotonic() < deadline, "the upstream never heard of the cancel"
+        time.sleep(0.05)
+    assert marker.read_text() == "cancelled\n"
+
+
+# ------------------------------------------------------------------------------------------ token variables
+def test_an_http_upstream_whose_token_variable_is_unset_or_empty_is_down_and_is_never_asked(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+        listener.setblocking(False)
+        port = listener.getsockname()[1]
+        upstreams = {"crm": UpstreamServer(url=f"http://127.0.0.1:{port}/mcp", token_variable="SRT_TEST_CRM_TOKEN")}  # noqa: S106
+        for value in (None, ""):
+            if value is None:
+                monkeypatch.delenv("SRT_TEST_CRM_TOKEN", raising=False)
+            else:
+                monkeypatch.setenv("SRT_TEST_CRM_TOKEN", value)
+            with Gateway(McpPolicy(upstream_start_timeout_s=5.0), upstreams) as gateway:
+                (status,) = gateway.status()
+                assert not status.running
+                assert status.error is not None
+                assert "SRT_TEST_CRM_TOKEN" in status.error
+                assert "not set or empty" in status.error
+                with pytest.raises(UpstreamError, match="SRT_TEST_CRM_TOKEN"):
+                    gateway.call("crm", "anything", {})  # a call says why, and still sends nothing
+        with pytest.raises(BlockingIOError):
+            listener.accept()  # nobody ever connected: no request went out with an empty token
+
+
+def test_a_token_variable_is_only_for_an_http_upstream_and_must_name_a_variable() -> None:
+    with pytest.raises(ValueError, match="`token_variable` is for a `url` upstream"):
+        UpstreamServer(command=["mcp-server-time"], token_variable="TIME_TOKEN")  # noqa: S106
+    with pytest.raises(ValueError, match="must name an environment variable"):
+        UpstreamServer(url="http://127.0.0.1:9/mcp", token_variable="not a name")  # noqa: S106
+
+
+def test_an_mcp_client_sees_an_sdk_upstreams_text_structure_and_progress_and_its_cancel_reaches_the_upstream(
+    served_state: Path, tmp_path: Path
+) -> None:
+    params = stdio_params(served_state, "--upstream", f"sdk={' '.join(SDK_UPSTREAM)}")
+    marker = tmp_path / "cancelled-over-mcp.txt"
+
+    async def scenario() -> dict[str, Any]:
+        seen: dict[str, Any] = {}
+        async with Client(params, read_timeout_seconds=120) as client:
+            seen["tools"] = {tool.name: tool for tool in (await client.list_tools()).tools}
+            seen["text"] = await client.call_tool("sdk__text", {"chars": 999})
+            seen["frames"] = await client.call_tool("sdk__frames", {"count": 3})
+            heard: list[float] = []
+
+            async def on_progress(progress: float, total: float | None, message: str | None) -> None:
+                heard.append(progress)
+
+            seen["steps"] = await client.call_tool("sdk__steps", {"count": 3}, progress_callback=on_progress)
+            seen["heard"] = list(heard)
+
+            with anyio.CancelScope() as waiting:
+
+                async def cancel_once_waiting(progress: float, total: float | None, message: str | None) -> None:
+                    waiting.cancel()  # the upstream said it waits: the client gives up on the call
+
+                await client.call_tool(
+                    "sdk__wait_for_cancel", {"marker": str(marker)}, progress_callback=cancel_once_waiting
+                )
+            seen["cancelled"] = waiting.cancelled_caught
+            with anyio.fail_after(MARKER_WAIT_S):  # the cancel travels client → serve → gateway → upstream
+                while not marker.exists():
+                    await anyio.sleep(0.05)
+            seen["after"] = await client.call_tool("sdk__text", {"chars": 10})
+        return seen
+
+    seen = run_bounded(scenario)
+    assert seen["tools"]["sdk__text"].title == "Numbered lines"
+    text = seen["text"]
+    assert not text.is_error, text_of(text)
+    assert text_of(text) == lines_text(999)  # the lines themselves: no {"result": ...}, no spill
+    assert not links_of(text)
+    assert structured(text)["file"] is None
+
+    frames = seen["frames"]
+    assert frames.structured_content == {"columns": ["id", "library", "size_kb"], "rows": frame_rows(3)}
+    assert '"title": "Frames"' in json.dumps(seen["tools"]["sdk__frames"].output_schema)  # the upstream's own
+
+    assert text_of(seen["steps"]) == "3 steps done"
+    assert seen["heard"] == [1.0, 2.0, 3.0]
+
+    assert seen["cancelled"]
+    assert marker.read_text() == "cancelled\n"
+    assert text_of(seen["after"]) == lines_text(10)  # the gateway and the upstream serve on
+
+
+def test_a_structured_result_with_links_names_the_links_after_the_value_the_model_reads(
+    runtime_factory: RuntimeFactory,
+) -> None:
+    runtime = runtime_factory()
+    link = {"type": "resource_link", "uri": "crm://reports/7", "name": "report 7", "mimeType": "text/csv", "size": 512}
+    runtime.register_tool(
+        "crm_report",
+        lambda arguments: {
+            "content": [{"type": "text", "text": '{"rows": 3}'}, link],
+            "structuredContent": {"rows": 3},
+        },
+        description="A report and its file.",
+        input_schema={"type": "object"},
+        output_schema={"type": "object", "properties": {"rows": {"type": "integer"}}},
+    )
+    shown = runtime.conversation("host-structured").call("crm_report", {})
+    assert shown.text == '{"rows":3}\n[resource_link crm://reports/7: report 7 (text/csv, 512 bytes)]'
+    assert shown.structured == {"rows": 3}
+    assert shown.blocks == [link]

@@ -2,19 +2,28 @@
 
 Each upstream (a stdio command or a streamable HTTP URL, from ``[mcp.upstreams.<name>]`` or the command line) is
 kept connected by a supervisor task on the gateway's own event loop thread, so calls work from any thread of
-the runtime. Its tools are registered as host tools of the runtime: every result goes through the spill (the MCP
-wrapper stripped, tables recognised), an upstream ``isError`` stays an error with its full text saved, and
-``delegate_call`` can target them like any tool.
+the runtime. Its tools are registered as host tools of the runtime, with their title, annotations and output
+schema (the Python SDK's ``{"result": ...}`` wrapper schema is not one of their own and is left out). Every
+result goes through the spill as its content blocks say — the SDK's wrapper unwrapped, an upstream's own
+``structuredContent`` kept as the value (tables recognised) — with images, audio and embedded resources saved
+as files in the results folder and linked (:mod:`~sandbox_runtime.mcp.upstream_results`); an upstream
+``isError`` stays an error with its full text saved, and ``delegate_call`` can target them like any tool.
+
+A call's progress reports reach the caller's :class:`~sandbox_runtime.control.CallControl` in order; a call the
+caller cancels is cancelled upstream too (the SDK sends ``notifications/cancelled``) and is a tool error saying so.
 
 An upstream that dies is noticed at the next call: that call is a tool error saying so, and the upstream is
 started again. A call without an answer within ``mcp.upstream_call_timeout_s`` is a tool error too, and the
-upstream is restarted (a hung server is not trusted again). The gateway itself keeps serving throughout.
+upstream is restarted (a hung server is not trusted again). An HTTP upstream whose ``token_variable`` is unset
+or empty is not started (no request goes out without its token); it is down with an error naming the variable.
+The gateway itself keeps serving throughout.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import os
 from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import AbstractContextManager, AsyncExitStack, asynccontextmanager
@@ -23,6 +32,7 @@ from typing import Any
 
 import anyio
 import anyio.from_thread
+import anyio.to_thread
 import httpx2
 import mcp_types as types
 from anyio.from_thread import BlockingPortal
@@ -30,9 +40,12 @@ from mcp import ClientSession, StdioServerParameters, stdio_client
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
 
+from sandbox_runtime.control import CallControl
 from sandbox_runtime.errors import UpstreamError
+from sandbox_runtime.mcp.upstream_results import own_output_schema, save_blocks
 from sandbox_runtime.policy import McpPolicy, UpstreamServer
 from sandbox_runtime.runtime import Runtime
+from sandbox_runtime.tools.host import HostCall
 
 __all__ = ["Gateway", "UpstreamStatus"]
 
@@ -40,6 +53,9 @@ logger = logging.getLogger(__name__)
 
 SEPARATOR = "__"
 _RESTART_BACKOFF_MAX_S = 30.0
+_CANCEL_POLL_S = 0.05  # how soon a caller's cancel reaches the upstream call
+_PROGRESS_DRAIN_S = 5.0  # the longest an answer waits while the reports that came before it are passed on
+_Progress = tuple[float, float | None, str | None]
 
 
 @dataclass
@@ -64,7 +80,7 @@ class _Upstream:
     error: str | None = None
     starts: int = 0
     stopping: bool = False
-    _up: anyio.Event | None = None  # set while a session is ready
+    _settled: anyio.Event | None = None  # set once the latest start is up or failed; fresh after a session
     _tried: anyio.Event | None = None  # set after each start attempt
     _wake: anyio.Event | None = None  # cuts a restart's back-off short
     _restart: anyio.Event | None = None  # ends the current session
@@ -81,7 +97,13 @@ class _Upstream:
                 assert self.config.url is not None  # noqa: S101  (the policy allows exactly one)
                 headers = {}
                 if self.config.token_variable:
-                    headers["Authorization"] = f"Bearer {os.environ.get(self.config.token_variable, '')}"
+                    token = os.environ.get(self.config.token_variable, "")
+                    if not token:  # never a request with an empty token: the upstream stays down, saying why
+                        raise UpstreamError(
+                            f"the token variable {self.config.token_variable} (mcp.upstreams.{self.name}."
+                            "token_variable) is not set or empty: the upstream is not started without its token"
+                        )
+                    headers["Authorization"] = f"Bearer {token}"
                 timeout = httpx2.Timeout(30.0, read=self.call_timeout_s + 30.0)  # a call's answer may take long
                 client = await stack.enter_async_context(httpx2.AsyncClient(headers=headers, timeout=timeout))
                 streams = await stack.enter_async_context(streamable_http_client(self.config.url, http_client=client))
@@ -89,19 +111,21 @@ class _Upstream:
             yield session
 
     async def supervise(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
-        self._up, self._tried, self._wake = anyio.Event(), anyio.Event(), anyio.Event()
+        self._settled, self._tried, self._wake = anyio.Event(), anyio.Event(), anyio.Event()
         task_status.started()
         failures = 0
         while not self.stopping:
             self._restart = anyio.Event()
             self.starts += 1
+            up = False
             try:
                 async with self._connect() as session:
                     with anyio.fail_after(self.start_timeout_s):
                         await session.initialize()
                         listed = await session.list_tools()
                     self.session, self.tools, self.error, failures = session, list(listed.tools), None, 0
-                    self._up.set()
+                    up = True
+                    self._settled.set()
                     self._tried.set()
                     logger.info("upstream %s is up with %d tools", self.name, len(self.tools))
                     await self._restart.wait()
@@ -109,6 +133,8 @@ class _Upstream:
                 self.error = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
                 failures += 1
                 logger.warning("upstream %s: %s", self.name, self.error)
+                if not up:
+                    self._settled.set()  # a call waiting for this start hears at once that it failed
             finally:
                 self._mark_down()
             self._tried.set()
@@ -123,16 +149,16 @@ class _Upstream:
         with anyio.move_on_after(self.start_timeout_s):
             await self._tried.wait()
 
-    async def call(self, tool: str, arguments: dict[str, Any]) -> dict[str, Any]:
-        if self.session is None and self._wake is not None and self._up is not None:
-            self._wake.set()
+    async def call(self, tool: str, arguments: dict[str, Any], control: CallControl | None) -> dict[str, Any]:
+        if self.session is None and self._wake is not None and self._settled is not None:
+            self._wake.set()  # a start now, not after the back-off
             with anyio.move_on_after(self.start_timeout_s):
-                await self._up.wait()
+                await self._settled.wait()
         session = self.session
         if session is None:
             raise UpstreamError(f"the upstream MCP server {self.name!r} is not running: {self.error or 'starting'}")
         try:
-            result = await session.call_tool(tool, arguments, read_timeout_seconds=self.call_timeout_s)
+            result = await self._watched_call(session, tool, arguments, control)
         except MCPError as exc:
             broken = {
                 types.REQUEST_TIMEOUT: f"did not answer {tool} within {self.call_timeout_s:g} s; it is being restarted",
@@ -143,13 +169,51 @@ class _Upstream:
                 raise UpstreamError(f"the upstream MCP server {self.name!r} refused {tool}: {exc.message}") from exc
             self._end_session()  # a hung or dead server is not trusted again
             raise UpstreamError(f"the upstream MCP server {self.name!r} {broken}") from exc
+        if result is None:
+            raise UpstreamError(f"the call of {tool} on the upstream MCP server {self.name!r} was cancelled")
         return result.model_dump(mode="json", by_alias=True, exclude_none=True)
 
+    async def _watched_call(
+        self, session: ClientSession, tool: str, arguments: dict[str, Any], control: CallControl | None
+    ) -> types.CallToolResult | None:
+        """The upstream's answer, with its progress passed on to ``control`` in order; None when the caller
+        cancelled (the call is cancelled upstream: the SDK sends ``notifications/cancelled``)."""
+        reports, pending = anyio.create_memory_object_stream[_Progress](math.inf)
+        listening = control is not None and control.progress is not None
+
+        async def on_progress(progress: float, total: float | None, message: str | None) -> None:
+            with contextlib.suppress(anyio.ClosedResourceError, anyio.BrokenResourceError):
+                reports.send_nowait((progress, total, message))  # a report after the answer is dropped
+
+        result: types.CallToolResult | None = None
+        failure: Exception | None = None
+        async with reports, pending, anyio.create_task_group() as forwarding:
+            if listening and control is not None:
+                forwarding.start_soon(_pass_progress_on, control, pending)
+            async with anyio.create_task_group() as calling:
+                if control is not None:
+                    calling.start_soon(_cancel_when_asked, control, calling.cancel_scope)
+                try:
+                    result = await session.call_tool(
+                        tool,
+                        arguments,
+                        read_timeout_seconds=self.call_timeout_s,
+                        progress_callback=on_progress if listening else None,
+                    )
+                except Exception as exc:  # raised once the group is done (not inside an exception group)
+                    failure = exc
+                calling.cancel_scope.cancel()
+            reports.close()  # the reports that came before the answer are passed on, then the forwarder ends
+            forwarding.cancel_scope.deadline = anyio.current_time() + _PROGRESS_DRAIN_S
+        if failure is not None:
+            raise failure
+        return result
+
     def _mark_down(self) -> None:
-        """No session from now on; callers wait on a fresh event for the next one (once per session)."""
+        """No session from now on; callers wait on a fresh event for the next start (once per session)."""
         self.session = None
-        if self._up is not None and self._up.is_set():
-            self._up = anyio.Event()
+        if self._settled is not None and self._settled.is_set():
+            self._settled = anyio.Event()
 
     def _end_session(self) -> None:
         self._mark_down()  # at once: the next call must not reach the broken session
@@ -191,11 +255,14 @@ class Gateway:
             for u in self._upstreams.values()
         ]
 
-    def call(self, upstream: str, tool: str, arguments: dict[str, Any]) -> dict[str, Any]:
-        """Call one upstream tool; its ``CallToolResult`` as JSON fields, or :class:`UpstreamError`."""
+    def call(
+        self, upstream: str, tool: str, arguments: dict[str, Any], control: CallControl | None = None
+    ) -> dict[str, Any]:
+        """Call one upstream tool; its ``CallToolResult`` as JSON fields, or :class:`UpstreamError` (also when
+        ``control`` was cancelled). Its progress reports reach ``control``."""
         if self._portal is None:
             raise UpstreamError("the gateway is not started")
-        return self._portal.call(self._upstreams[upstream].call, tool, arguments)
+        return self._portal.call(self._upstreams[upstream].call, tool, arguments, control)
 
     def register(self, runtime: Runtime) -> list[str]:
         """Register every listed upstream tool in ``runtime`` as ``<upstream>__<tool>``; return the names."""
@@ -203,12 +270,17 @@ class Gateway:
         for upstream in self._upstreams.values():
             for tool in upstream.tools:
                 name = f"{upstream.name}{SEPARATOR}{tool.name}"
+                hints = tool.annotations
                 try:
                     runtime.register_tool(
                         name,
                         _forward(self, upstream.name, tool.name),
                         description=f"[{upstream.name}] {tool.description or tool.name}",
                         input_schema=dict(tool.input_schema),
+                        pass_call=True,
+                        title=tool.title,
+                        annotations=None if hints is None else hints.model_dump(by_alias=True, exclude_none=True),
+                        output_schema=own_output_schema(tool.output_schema),
                     )
                 except ValueError as exc:  # a name past the rules, or a schema that is not one: left out, said
                     logger.warning("upstream tool %r of %s is not offered: %s", tool.name, upstream.name, exc)
@@ -238,8 +310,22 @@ async def _stop(upstream: _Upstream) -> None:
     upstream.stop()
 
 
-def _forward(gateway: Gateway, upstream: str, tool: str) -> Callable[[dict[str, Any]], dict[str, Any]]:
-    def call(arguments: dict[str, Any]) -> dict[str, Any]:
-        return gateway.call(upstream, tool, arguments)
+async def _cancel_when_asked(control: CallControl, scope: anyio.CancelScope) -> None:
+    while not control.is_cancelled:  # a threading.Event: looked at, never waited on, from the event loop
+        await anyio.sleep(_CANCEL_POLL_S)
+    scope.cancel()
+
+
+async def _pass_progress_on(control: CallControl, pending: anyio.abc.ObjectReceiveStream[_Progress]) -> None:
+    async for progress, total, message in pending:  # one at a time, in order; off the loop (the sender blocks)
+        await anyio.to_thread.run_sync(control.report, progress, total, message)
+
+
+def _forward(gateway: Gateway, upstream: str, tool: str) -> Callable[[dict[str, Any], HostCall], dict[str, Any]]:
+    name = f"{upstream}{SEPARATOR}{tool}"
+
+    def call(arguments: dict[str, Any], host: HostCall) -> dict[str, Any]:
+        result = gateway.call(upstream, tool, arguments, host.control)
+        return save_blocks(result, host.root, conversation_id=host.conversation_id, call_id=host.call_id, tool=name)
 
     return call
