@@ -1,13 +1,15 @@
 """``sandbox-runtime``: doctor, image build, serve, demo, gc, ls.
 
 Exit codes: 0 success; 1 a check failed or the work did not succeed; 2 bad usage or configuration
-(policy, conversation id); 3 the Docker engine or the executor image is not available.
+(policy, conversation id, serve's flags, serve without the mcp extra); 3 the Docker engine or the executor image
+is not available. ``python -m sandbox_runtime`` is the same command.
 """
 
 from __future__ import annotations
 
 import argparse
 import functools
+import importlib.metadata
 import json
 import logging
 import sys
@@ -237,8 +239,17 @@ def cmd_ls(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def version() -> str:
+    """The installed distribution's version (``unknown`` when run from a source tree that is not installed)."""
+    try:
+        return importlib.metadata.version("sandbox-runtime")
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown"
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="sandbox-runtime", description=__doc__.splitlines()[0] if __doc__ else "")
+    parser.add_argument("--version", action="version", version=f"sandbox-runtime {version()}")
     parser.add_argument(
         "--state-dir",
         type=Path,

@@ -3,19 +3,38 @@
 Flags add to the policy: ``--database`` sets ``sql.database_path`` (offering ``sql_query``), ``--upstream
 NAME=COMMAND`` and ``--upstream-url NAME=URL`` add upstream MCP servers whose tools appear as ``NAME__tool``.
 Everything the server says goes to stderr; stdout belongs to the stdio protocol.
+
+Needs the ``mcp`` extra (``pip install 'sandbox-runtime[mcp]'``): the MCP SDK and the HTTP server stack load
+only here. Bad configuration — the extra missing, a database that is not a readable SQLite file, an HTTP port
+in use, HTTP off loopback without a token — is one line on stderr and exit 2, before anything starts. When a
+stdio client goes away, the sandbox of the process's default conversation is ended (its folders stay).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import logging
 import os
 import shlex
+import signal
+import socket
+import sqlite3
 import sys
+import threading
+import urllib.parse
+from pathlib import Path
 from typing import Any
 
 from sandbox_runtime.policy import Policy, load_policy
 
-__all__ = ["add_serve_parser", "cmd_serve", "key_value", "serve_policy"]
+__all__ = ["MCP_EXTRA_HINT", "add_serve_parser", "check_database", "cmd_serve", "key_value", "serve_policy"]
+
+logger = logging.getLogger(__name__)
+
+EXIT_USAGE = 2  # as in sandbox_runtime.cli: bad usage or configuration
+MCP_EXTRA_HINT = "pip install 'sandbox-runtime[mcp]'"
+_SQLITE_HEADER = b"SQLite format 3\x00"
 
 
 def key_value(value: str, *, value_required: bool = True) -> tuple[str, str]:
@@ -45,29 +64,80 @@ def serve_policy(args: argparse.Namespace) -> Policy:
     return load_policy(args.policy).changed(changes, f"{args.policy} with the flags of serve")
 
 
+def check_database(path: str, source: str) -> None:
+    """Refuse a database ``sql_query`` could not read, with one line (:class:`ValueError`); ``source`` names
+    where the path came from. An empty file is accepted: SQLite reads it as a database without tables."""
+    target = Path(path)
+    if not target.exists():
+        raise ValueError(f"the database {path} ({source}) does not exist")
+    if not target.is_file():
+        raise ValueError(f"the database {path} ({source}) is not a file")
+    try:
+        with target.open("rb") as handle:
+            header = handle.read(len(_SQLITE_HEADER))
+    except OSError as exc:
+        raise ValueError(f"the database {path} ({source}) cannot be read: {exc.strerror or exc}") from None
+    if header and header != _SQLITE_HEADER:
+        raise ValueError(f"the database {path} ({source}) is not a SQLite file")
+    uri = f"file:{urllib.parse.quote(str(target.resolve()))}?mode=ro"
+    try:
+        with contextlib.closing(sqlite3.connect(uri, uri=True)) as connection:
+            connection.execute("SELECT count(*) FROM sqlite_master").fetchone()
+    except sqlite3.Error as exc:
+        raise ValueError(f"the database {path} ({source}) cannot be read as SQLite: {exc}") from None
+
+
+def _http_address(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
-    from sandbox_runtime.mcp.gateway import Gateway  # noqa: PLC0415  (the MCP SDK loads only for serve)
-    from sandbox_runtime.mcp.server import McpService  # noqa: PLC0415
-    from sandbox_runtime.mcp.transports import (  # noqa: PLC0415
-        check_exposure,
-        serve_http,
-        serve_stdio,
-    )
-    from sandbox_runtime.runtime import Runtime  # noqa: PLC0415
+    from sandbox_runtime.runtime import Runtime  # noqa: PLC0415  (the core first: a module missing below is the extra's)
+
+    try:
+        from sandbox_runtime.mcp.gateway import Gateway  # noqa: PLC0415  (the MCP SDK loads only for serve)
+        from sandbox_runtime.mcp.server import McpService  # noqa: PLC0415
+        from sandbox_runtime.mcp.transports import (  # noqa: PLC0415
+            check_exposure,
+            listen,
+            serve_http,
+            serve_stdio,
+        )
+    except ModuleNotFoundError as exc:
+        missing = exc.name or str(exc)
+        if missing.partition(".")[0] == "sandbox_runtime":
+            raise  # our own module, not the extra
+        print(f"error: serve needs the mcp extra ({missing} is not installed): {MCP_EXTRA_HINT}", file=sys.stderr)
+        return EXIT_USAGE
 
     policy = serve_policy(args)
     token = os.environ.get(policy.mcp.token_variable) or None
-    if args.http is not None:
-        check_exposure(policy.mcp.http_host, token, policy.mcp.token_variable)  # before anything starts
-    with Runtime(args.state_dir, policy, extra_labels=dict(args.label)) as runtime, Gateway(policy.mcp) as gateway:
+    if policy.sql.database_path is not None:  # before anything starts, not at the first call
+        source = "--database" if args.database is not None else f"sql.database_path of the policy {args.policy}"
+        check_database(policy.sql.database_path, source)
+    with contextlib.ExitStack() as stack:
+        listener: socket.socket | None = None
+        if args.http is not None:
+            host, port = policy.mcp.http_host, policy.mcp.http_port
+            check_exposure(host, token, policy.mcp.token_variable)
+            try:  # bound before the runtime and the gateway start, so a port in use fails at once
+                listener = stack.enter_context(listen(host, port))
+            except OSError as exc:
+                print(
+                    f"error: cannot serve HTTP at {_http_address(host, port)}: {exc.strerror or exc}", file=sys.stderr
+                )
+                return EXIT_USAGE
+        runtime = stack.enter_context(Runtime(args.state_dir, policy, extra_labels=dict(args.label)))
+        gateway = stack.enter_context(Gateway(policy.mcp))
         for status in gateway.status():
             state = f"{len(status.tools)} tools" if status.running else f"DOWN ({status.error})"
             print(f"upstream {status.name}: {state}", file=sys.stderr, flush=True)
         gateway.register(runtime)
         service = McpService(runtime, transport="stdio" if args.http is None else "http")
         print(f"{len(runtime.tools)} tools: {', '.join(runtime.tools)}", file=sys.stderr, flush=True)
-        if args.http is None:
+        if listener is None:
             serve_stdio(service)
+            _close_process_conversation(runtime, service.process_conversation)
         else:
             serve_http(
                 service,
@@ -75,8 +145,27 @@ def cmd_serve(args: argparse.Namespace) -> int:
                 port=policy.mcp.http_port,
                 token=token,
                 on_ready=lambda url: print(f"serving MCP at {url}", file=sys.stderr, flush=True),
+                listener=listener,
             )
     return 0
+
+
+def _close_process_conversation(runtime: Any, conversation_id: str) -> None:
+    """The stdio client went away: end its default conversation's sandbox (the folders stay for a later start).
+
+    A failure is logged, never raised: the server is on its way out anyway. A client that gives up waiting sends
+    SIGTERM (the SDK's does after 2 s); it is ignored while the sandbox is being removed, so no half-removed
+    sandbox is left behind (SIGKILL, its next step, cannot be ignored).
+    """
+    in_main_thread = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, signal.SIG_IGN) if in_main_thread else None
+    try:
+        runtime.conversation(conversation_id).close()
+    except Exception:
+        logger.warning("could not end the sandbox of conversation %s", conversation_id, exc_info=True)
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
 
 
 def add_serve_parser(sub: Any) -> None:

@@ -3,14 +3,23 @@
 #   1. a Docker engine: a working one (Docker Desktop, a system service) is left alone; otherwise the engine is
 #      installed from the distribution's packages and started without a default bridge network (sandboxes
 #      never need one), with gVisor (runsc) registered;
-#   2. the Python package and its development tools in .venv;
+#   2. the Python package with its MCP extra and its development tools (pydantic-ai's MCP client too) in .venv;
 #   3. real upstream MCP servers for the gateway tests, in .venv-upstream;
-#   4. the executor image, built offline when no container registry answers.
+#   4. third-party MCP clients and servers for the interoperability tests: langchain-mcp-adapters in
+#      .venv-langchain, the MCP Inspector CLI and server-everything (Node) in .npm-tools;
+#   5. the executor image, built offline when no container registry answers.
 # Safe to run again: each step does nothing when its work is already done.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 log() { printf '[setup] %s\n' "$*" >&2; }
+# timed WHAT COMMAND...: run a step's work and say how long it took
+timed() {
+  local what=$1 started=$SECONDS
+  shift
+  "$@"
+  log "$what: done in $((SECONDS - started)) s"
+}
 as_root() { if [ "$(id -u)" -eq 0 ]; then "$@"; else sudo "$@"; fi; }
 
 apt_updated=0
@@ -61,12 +70,15 @@ if [ ! -x .venv/bin/python ]; then
   log "creating .venv"
   python3 -m venv .venv
 fi
-if ! .venv/bin/python -c 'import sandbox_runtime, pytest, ruff, mypy' >/dev/null 2>&1 \
-   || [ pyproject.toml -nt .venv/.installed ]; then
-  log "installing sandbox-runtime and its development tools into .venv"
+install_main_venv() {
   .venv/bin/python -m pip install -q --upgrade pip >/dev/null
-  .venv/bin/python -m pip install -q -e '.[dev]'
+  .venv/bin/python -m pip install -q -e '.[dev,mcp]'
   touch .venv/.installed
+}
+if ! .venv/bin/python -c 'import sandbox_runtime, mcp, pydantic_ai.mcp, pytest, ruff, mypy' >/dev/null 2>&1 \
+   || [ pyproject.toml -nt .venv/.installed ]; then
+  log "installing sandbox-runtime (with its mcp extra), its development tools and pydantic-ai-slim[mcp] into .venv"
+  timed "installing into .venv" install_main_venv
 fi
 
 # real upstream MCP servers the gateway tests stand in front of, in a venv of their own: they are built on the
@@ -75,6 +87,40 @@ if [ ! -x .venv-upstream/bin/mcp-server-sqlite ] || [ ! -x .venv-upstream/bin/mc
   log "installing upstream MCP servers (mcp-server-sqlite, mcp-server-time) into .venv-upstream"
   python3 -m venv .venv-upstream
   .venv-upstream/bin/python -m pip install -q "mcp<2" "mcp-server-sqlite==2025.4.25" "mcp-server-time==2025.9.25"
+fi
+
+# third-party MCP clients the interoperability tests drive `serve` with. langchain-mcp-adapters pins mcp<2, so
+# it gets a venv of its own and talks to serve as a separate process, as its users do.
+LANGCHAIN_REQUIREMENTS="langchain-mcp-adapters==0.3.2 langchain-core==1.8.3 mcp==1.30.0"
+install_langchain_venv() {
+  [ -x .venv-langchain/bin/python ] || python3 -m venv .venv-langchain
+  # shellcheck disable=SC2086  # one requirement a word
+  .venv-langchain/bin/python -m pip install -q $LANGCHAIN_REQUIREMENTS
+  printf '%s\n' "$LANGCHAIN_REQUIREMENTS" >.venv-langchain/.installed
+}
+if [ "$(cat .venv-langchain/.installed 2>/dev/null)" != "$LANGCHAIN_REQUIREMENTS" ] \
+   || ! .venv-langchain/bin/python -c 'import langchain_mcp_adapters.client, langchain_core' >/dev/null 2>&1; then
+  log "installing $LANGCHAIN_REQUIREMENTS into .venv-langchain"
+  timed "installing into .venv-langchain" install_langchain_venv
+fi
+
+# Node MCP tools from the npm registry, in .npm-tools (binaries in .npm-tools/node_modules/.bin/): the reference
+# server-everything (images, annotations, resource links, progress, long operations) and the MCP Inspector,
+# whose `mcp-inspector --cli TARGET --method tools/list|tools/call ...` is a scripted third-party client.
+# Install scripts are skipped: the Inspector's only one installs its own source checkout's clients (a no-op here).
+NPM_TOOLS="@modelcontextprotocol/server-everything@2026.8.31 @modelcontextprotocol/inspector@2.12.0"
+install_npm_tools() {
+  command -v npm >/dev/null || apt_install nodejs npm
+  # shellcheck disable=SC2086  # one package a word
+  npm install --prefix .npm-tools --save-exact --no-audit --no-fund --ignore-scripts --loglevel=error $NPM_TOOLS \
+    >/dev/null
+  printf '%s\n' "$NPM_TOOLS" >.npm-tools/.installed
+}
+if [ "$(cat .npm-tools/.installed 2>/dev/null)" != "$NPM_TOOLS" ] \
+   || [ ! -x .npm-tools/node_modules/.bin/mcp-server-everything ] \
+   || [ ! -x .npm-tools/node_modules/.bin/mcp-inspector ]; then
+  log "installing $NPM_TOOLS into .npm-tools"
+  timed "installing into .npm-tools" install_npm_tools
 fi
 
 .venv/bin/sandbox-runtime image build

@@ -1,18 +1,27 @@
-"""The command line as an operator uses it: doctor, image build, ls, gc, and exit codes that mean something."""
+"""The command line as an operator uses it: doctor, image build, ls, gc, serve's start-up checks, and exit codes
+that mean something."""
 
 from __future__ import annotations
 
 import gc
+import importlib.metadata
 import json
 import os
+import socket
+import sqlite3
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
+from mcp import Client
 
 from sandbox_runtime.errors import EngineUnavailable
 from sandbox_runtime.sandbox.docker_backend import DockerBackend
+from sandbox_runtime.sandbox.profile import LABEL_CONVERSATION
+from tests.conftest import SESSION, TEST_LABEL
+from tests.mcp_helpers import call_meta, run_bounded, stdio_params, text_of
 
 pytestmark = pytest.mark.docker
 
@@ -121,3 +130,112 @@ def test_ls_shows_a_conversations_execution_record_and_attachments(
             assert cli("--state-dir", str(tmp_path), "ls", "nobody").returncode == 2
         finally:
             conversation.delete()
+
+
+# ------------------------------------------------------------------------------------ conventions of every command
+def test_version_is_the_installed_one_from_the_script_and_from_python_m() -> None:
+    expected = f"sandbox-runtime {importlib.metadata.version('sandbox-runtime')}"
+    script = Path(sys.executable).with_name("sandbox-runtime")
+    for command in ([str(script)], [sys.executable, "-m", "sandbox_runtime"]):
+        done = subprocess.run([*command, "--version"], capture_output=True, text=True, timeout=60, check=False)
+        assert (done.returncode, done.stdout.strip(), done.stderr) == (0, expected, "")
+
+
+def test_python_m_sandbox_runtime_is_the_same_command(tmp_path: Path) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "sandbox_runtime", "--state-dir", str(tmp_path), "ls", "--json"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert (done.returncode, json.loads(done.stdout)) == (0, [])
+    usage = subprocess.run([sys.executable, "-m", "sandbox_runtime"], capture_output=True, text=True, check=False)
+    assert usage.returncode == 2
+    assert usage.stderr.startswith("usage: sandbox-runtime ")
+
+
+def _one_line_usage_error(done: subprocess.CompletedProcess[str]) -> str:
+    assert done.returncode == 2, done.stderr
+    assert done.stdout == ""
+    (line,) = done.stderr.splitlines()  # one line: never a traceback
+    assert line.startswith("error: ")
+    return line
+
+
+@pytest.mark.parametrize("kind", ["missing", "directory", "fifo", "text", "bad-header"])
+def test_serve_refuses_a_database_it_could_not_read_before_anything_starts(tmp_path: Path, kind: str) -> None:
+    database = tmp_path / f"{kind}.sqlite3"
+    if kind == "directory":
+        database.mkdir()
+    elif kind == "fifo":
+        os.mkfifo(database)  # opening it would block: it is refused as "not a file" without being opened
+    elif kind == "text":
+        database.write_text("id,name\n1,a\n")
+    elif kind == "bad-header":
+        database.write_bytes(b"SQLite format 3\x00" + b"\xff" * 200)
+    state = tmp_path / "state"
+    line = _one_line_usage_error(cli("--state-dir", str(state), "serve", "--database", str(database)))
+    assert str(database) in line
+    assert "--database" in line
+    assert not state.exists()  # no runtime started
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root reads a file whatever its mode")
+def test_serve_refuses_an_unreadable_database(tmp_path: Path) -> None:
+    database = tmp_path / "locked.sqlite3"
+    sqlite3.connect(database).close()
+    database.chmod(0)
+    line = _one_line_usage_error(cli("--state-dir", str(tmp_path / "state"), "serve", "--database", str(database)))
+    assert "cannot be read" in line
+
+
+def test_serve_refuses_a_database_named_by_the_policy_file_too(tmp_path: Path) -> None:
+    policy = tmp_path / "sql.toml"
+    policy.write_text(f'name = "sql"\n[sql]\ndatabase_path = "{tmp_path / "gone.sqlite3"}"\n')
+    state = tmp_path / "state"
+    line = _one_line_usage_error(cli("--state-dir", str(state), "--policy", str(policy), "serve"))
+    assert "sql.database_path" in line
+    assert not state.exists()
+
+
+@pytest.mark.parametrize("host", ["127.0.0.1", "::1"])
+def test_serve_http_on_a_port_in_use_is_a_usage_error_at_start(tmp_path: Path, host: str) -> None:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as taken:
+        try:
+            taken.bind((host, 0))
+        except OSError as exc:
+            pytest.skip(f"no {host} on this machine: {exc}")
+        taken.listen()
+        port = taken.getsockname()[1]
+        shown = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+        state = tmp_path / "state"
+        line = _one_line_usage_error(cli("--state-dir", str(state), "serve", "--http", shown))
+    assert line == f"error: cannot serve HTTP at {shown}: Address already in use"
+    assert not state.exists()
+
+
+def test_serve_http_off_loopback_without_a_token_is_a_usage_error(tmp_path: Path) -> None:
+    env = {"SANDBOX_RUNTIME_MCP_TOKEN": ""}
+    line = _one_line_usage_error(cli("--state-dir", str(tmp_path / "s"), "serve", "--http", "0.0.0.0:0", env=env))
+    assert "needs a bearer token" in line
+
+
+def test_a_stdio_client_going_away_ends_its_conversations_sandbox_and_keeps_its_folder(
+    served_state: Path, docker_backend: DockerBackend
+) -> None:
+    async def scenario() -> str:
+        async with Client(stdio_params(served_state), mode="legacy", read_timeout_seconds=120) as client:
+            ran = await client.call_tool("run_python", {"code": "open('/mnt/results/kept.txt', 'w').write('x')"})
+            assert not ran.is_error, text_of(ran)
+            conversation = str(call_meta(ran)["conversation"])
+            assert docker_backend.list_containers({TEST_LABEL: SESSION, LABEL_CONVERSATION: conversation})
+            return conversation
+
+    conversation = run_bounded(scenario)  # leaving the block closes the server's stdin
+    deadline = time.monotonic() + 30
+    while docker_backend.list_containers({TEST_LABEL: SESSION, LABEL_CONVERSATION: conversation}):
+        assert time.monotonic() < deadline, f"the sandbox of {conversation} still runs 30 s after the client left"
+        time.sleep(0.2)
+    assert (served_state / "conversations" / conversation / "results").is_dir()

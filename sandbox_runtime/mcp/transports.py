@@ -1,8 +1,10 @@
 """Serving an :class:`~sandbox_runtime.mcp.server.McpService`: stdio, or streamable HTTP behind a bearer token.
 
-HTTP binds to 127.0.0.1 by default (the SDK then also checks Host and Origin headers against DNS rebinding).
-Bound to any other address it refuses to start without a token; with a token, every request must carry
-``Authorization: Bearer <token>`` (compared in constant time) or gets 401.
+HTTP binds to 127.0.0.1 by default. On any loopback address (127.0.0.0/8, ::1, ``localhost``) the Host and
+Origin headers are checked against DNS rebinding: only the served address (and ``localhost``) with the served
+port is accepted (421 for another Host, 403 for another Origin). Bound to any other address it refuses to start
+without a token; with a token, every request must carry ``Authorization: Bearer <token>`` (compared in constant
+time) or gets 401.
 """
 
 from __future__ import annotations
@@ -18,12 +20,22 @@ import anyio
 import uvicorn
 from mcp.server.runner import serve_loop
 from mcp.server.stdio import stdio_server
+from mcp.server.transport_security import TransportSecuritySettings
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from sandbox_runtime.errors import PolicyError
 from sandbox_runtime.mcp.server import McpService
 
-__all__ = ["BearerTokenAuth", "check_exposure", "is_loopback", "serve_http", "serve_stdio"]
+__all__ = [
+    "BearerTokenAuth",
+    "check_exposure",
+    "http_app",
+    "is_loopback",
+    "listen",
+    "rebinding_protection",
+    "serve_http",
+    "serve_stdio",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -87,11 +99,54 @@ def check_exposure(host: str, token: str | None, token_variable: str) -> None:
         )
 
 
-def http_app(service: McpService, host: str, token: str | None) -> Any:
-    """The ASGI app: the SDK's streamable HTTP endpoint at ``/mcp``, behind the token when one is given."""
+def rebinding_protection(host: str, port: int, *, bound_address: str | None = None) -> TransportSecuritySettings:
+    """The Host/Origin checks for a server at ``host:port``: on for every loopback address, where only that
+    address (also as ``bound_address``, the address the socket got) and ``localhost`` are accepted, with the port.
+
+    Off elsewhere: such a server has a bearer token (see :func:`check_exposure`), and the names it is reached by
+    (a proxy's, a DNS name's) are not known here.
+    """
+    if not is_loopback(host):
+        return TransportSecuritySettings(enable_dns_rebinding_protection=False)
+    names: list[str] = []
+    for name in (host, bound_address, "localhost"):
+        if name is None:
+            continue
+        shown = f"[{name.strip('[]')}]" if ":" in name else name
+        if shown not in names:
+            names.append(shown)
+    hosts = [f"{name}:{port}" for name in names] + (names if port == 80 else [])
+    return TransportSecuritySettings(
+        enable_dns_rebinding_protection=True,
+        allowed_hosts=hosts,
+        allowed_origins=[f"http://{host}" for host in hosts],
+    )
+
+
+def http_app(service: McpService, host: str, token: str | None, *, port: int, bound_address: str | None = None) -> Any:
+    """The ASGI app: the SDK's streamable HTTP endpoint at ``/mcp`` with the Host/Origin checks of
+    :func:`rebinding_protection`, behind the token when one is given."""
     check_exposure(host, token, service.runtime.policy.mcp.token_variable)
-    app: ASGIApp = service.server.streamable_http_app(streamable_http_path=MCP_HTTP_PATH, host=host)
+    security = rebinding_protection(host, port, bound_address=bound_address)
+    app: ASGIApp = service.server.streamable_http_app(
+        streamable_http_path=MCP_HTTP_PATH, host=host, transport_security=security
+    )
     return app if token is None else BearerTokenAuth(app, token)
+
+
+def listen(host: str, port: int) -> socket.socket:
+    """A socket listening at ``host:port`` (port 0: a free one). Bind it before anything else starts, so a port
+    in use fails at once (:class:`OSError`), and the port's number is known."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    listener = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # Linux: still refuses a port listened on
+        listener.bind((host.strip("[]"), port))
+        listener.listen(socket.SOMAXCONN)
+    except BaseException:
+        listener.close()
+        raise
+    return listener
 
 
 def serve_http(
@@ -101,17 +156,18 @@ def serve_http(
     port: int,
     token: str | None,
     on_ready: Callable[[str], None] | None = None,
+    listener: socket.socket | None = None,
 ) -> None:
-    """Serve streamable HTTP until interrupted; ``on_ready`` gets the endpoint URL once the port listens
-    (the socket is bound here first, so port 0 gives a free port and its number is known at once)."""
-    app = http_app(service, host, token)
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    with socket.socket(family, socket.SOCK_STREAM) as listener:
-        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        listener.bind((host, port))
-        listener.listen(socket.SOMAXCONN)
-        bound_host, bound_port = listener.getsockname()[:2]
+    """Serve streamable HTTP until interrupted; ``on_ready`` gets the endpoint URL once the port listens.
+
+    ``listener`` is a socket from :func:`listen` (bound earlier, e.g. before the runtime started); without one
+    the socket is bound here first. Either way port 0 gives a free port and its number is known at once. The
+    socket is closed on return.
+    """
+    with listener if listener is not None else listen(host, port) as bound:
+        bound_host, bound_port = bound.getsockname()[:2]
+        app = http_app(service, host, token, port=bound_port, bound_address=bound_host)
         if on_ready is not None:
             shown = f"[{bound_host}]" if ":" in bound_host else bound_host
             on_ready(f"http://{shown}:{bound_port}{MCP_HTTP_PATH}")
-        uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on")).run(sockets=[listener])
+        uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on")).run(sockets=[bound])

@@ -1,0 +1,8 @@
+"""``python -m sandbox_runtime``: the ``sandbox-runtime`` command."""
+
+import sys
+
+from sandbox_runtime.cli import main
+
+if __name__ == "__main__":
+    sys.exit(main())
