@@ -25,7 +25,9 @@ from sandbox_runtime.errors import (
     SandboxRuntimeError,
     SelfCheckFailed,
 )
+from sandbox_runtime.policy import load_policy
 from sandbox_runtime.runtime import Conversation, Runtime, default_state_dir
+from sandbox_runtime.stdio_client import WATCH_COMMAND, ClientProcess, release_when_client_exits
 
 __all__ = ["main"]
 
@@ -295,7 +297,24 @@ def build_parser() -> argparse.ArgumentParser:
     shown.add_argument("--spills", action="store_true", help="its saved results (spills and exports) instead")
     ls.add_argument("--json", action="store_true")
     ls.set_defaults(func=cmd_ls)
+    watch = sub.add_parser(
+        WATCH_COMMAND, help="(started by serve over stdio) end a conversation's sandbox once its client exits"
+    )
+    watch.add_argument("--pid", type=int, required=True, help="the client process")
+    watch.add_argument("--start", default="", help="its start time (/proc/<pid>/stat field 22)")
+    watch.add_argument("--conversation", required=True)
+    watch.set_defaults(func=cmd_release_when_client_exits)
     return parser
+
+
+def cmd_release_when_client_exits(args: argparse.Namespace) -> int:
+    client = ClientProcess(args.pid, args.start or None)
+    state_dir = Path(args.state_dir) if args.state_dir else default_state_dir()
+    policy = load_policy(args.policy)  # its lifetime bounds the wait: an older sandbox is reaped anyway
+    released = release_when_client_exits(
+        state_dir, args.policy, client, args.conversation, max_wait_s=policy.sandbox.max_lifetime_s
+    )
+    return EXIT_OK if released else EXIT_FAILED
 
 
 def main(argv: Sequence[str] | None = None) -> int:

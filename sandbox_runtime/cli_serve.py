@@ -7,7 +7,8 @@ Everything the server says goes to stderr; stdout belongs to the stdio protocol.
 Needs the ``mcp`` extra (``pip install 'sandbox-runtime[mcp]'``): the MCP SDK and the HTTP server stack load
 only here. Bad configuration — the extra missing, a database that is not a readable SQLite file, an HTTP port
 in use, HTTP off loopback without a token — is one line on stderr and exit 2, before anything starts. When a
-stdio client goes away, the sandbox of the process's default conversation is ended (its folders stay).
+stdio client process exits, the sandbox of its default conversation is ended (its folders stay; see
+:mod:`~sandbox_runtime.stdio_client`).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from sandbox_runtime.policy import Policy, load_policy
+from sandbox_runtime.stdio_client import ClientProcess, start_watcher
 
 __all__ = ["MCP_EXTRA_HINT", "add_serve_parser", "check_database", "cmd_serve", "key_value", "serve_policy"]
 
@@ -110,6 +112,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         print(f"error: serve needs the mcp extra ({missing} is not installed): {MCP_EXTRA_HINT}", file=sys.stderr)
         return EXIT_USAGE
 
+    client = ClientProcess.parent()  # over stdio: the process whose conversation this server serves
     policy = serve_policy(args)
     token = os.environ.get(policy.mcp.token_variable) or None
     if policy.sql.database_path is not None:  # before anything starts, not at the first call
@@ -133,11 +136,16 @@ def cmd_serve(args: argparse.Namespace) -> int:
             state = f"{len(status.tools)} tools" if status.running else f"DOWN ({status.error})"
             print(f"upstream {status.name}: {state}", file=sys.stderr, flush=True)
         gateway.register(runtime)
-        service = McpService(runtime, transport="stdio" if args.http is None else "http")
+        service = McpService(
+            runtime, transport="stdio" if args.http is None else "http", conversation=args.conversation
+        )
         print(f"{len(runtime.tools)} tools: {', '.join(runtime.tools)}", file=sys.stderr, flush=True)
         if listener is None:
             serve_stdio(service)
-            _close_process_conversation(runtime, service.process_conversation)
+            if client.alive():  # the session ended, not (yet) the client: a watcher ends the sandbox after it
+                start_watcher(runtime.state_dir, args.policy, client, service.process_conversation)
+            else:
+                _close_process_conversation(runtime, service.process_conversation)
         else:
             serve_http(
                 service,
@@ -151,7 +159,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 
 def _close_process_conversation(runtime: Any, conversation_id: str) -> None:
-    """The stdio client went away: end its default conversation's sandbox (the folders stay for a later start).
+    """The stdio client has exited: end its default conversation's sandbox (the folders stay for a later start).
 
     A failure is logged, never raised: the server is on its way out anyway. A client that gives up waiting sends
     SIGTERM (the SDK's does after 2 s); it is ignored while the sandbox is being removed, so no half-removed
@@ -184,6 +192,12 @@ def add_serve_parser(sub: Any) -> None:
         "$SANDBOX_RUNTIME_MCP_TOKEN)",
     )
     serve.add_argument("--database", metavar="PATH", help="a SQLite file for sql_query (opened read-only)")
+    serve.add_argument(
+        "--conversation",
+        metavar="ID",
+        help="the conversation of every call that names none in _meta (default: one per stdio client process, "
+        "one per token or server over HTTP)",
+    )
     serve.add_argument(
         "--upstream",
         metavar="NAME=COMMAND",

@@ -8,20 +8,18 @@ import importlib.metadata
 import json
 import os
 import socket
-import sqlite3
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pytest
-from mcp import Client
 
 from sandbox_runtime.errors import EngineUnavailable
 from sandbox_runtime.sandbox.docker_backend import DockerBackend
 from sandbox_runtime.sandbox.profile import LABEL_CONVERSATION
 from tests.conftest import SESSION, TEST_LABEL
-from tests.mcp_helpers import call_meta, run_bounded, stdio_params, text_of
+from tests.mcp_helpers import serve_command
 
 pytestmark = pytest.mark.docker
 
@@ -181,15 +179,6 @@ def test_serve_refuses_a_database_it_could_not_read_before_anything_starts(tmp_p
     assert not state.exists()  # no runtime started
 
 
-@pytest.mark.skipif(os.geteuid() == 0, reason="root reads a file whatever its mode")
-def test_serve_refuses_an_unreadable_database(tmp_path: Path) -> None:
-    database = tmp_path / "locked.sqlite3"
-    sqlite3.connect(database).close()
-    database.chmod(0)
-    line = _one_line_usage_error(cli("--state-dir", str(tmp_path / "state"), "serve", "--database", str(database)))
-    assert "cannot be read" in line
-
-
 def test_serve_refuses_a_database_named_by_the_policy_file_too(tmp_path: Path) -> None:
     policy = tmp_path / "sql.toml"
     policy.write_text(f'name = "sql"\n[sql]\ndatabase_path = "{tmp_path / "gone.sqlite3"}"\n')
@@ -222,20 +211,29 @@ def test_serve_http_off_loopback_without_a_token_is_a_usage_error(tmp_path: Path
     assert "needs a bearer token" in line
 
 
-def test_a_stdio_client_going_away_ends_its_conversations_sandbox_and_keeps_its_folder(
+def test_a_stdio_client_keeps_its_sandbox_between_sessions_and_its_exit_ends_it_keeping_the_folder(
     served_state: Path, docker_backend: DockerBackend
 ) -> None:
-    async def scenario() -> str:
-        async with Client(stdio_params(served_state), mode="legacy", read_timeout_seconds=120) as client:
-            ran = await client.call_tool("run_python", {"code": "open('/mnt/results/kept.txt', 'w').write('x')"})
-            assert not ran.is_error, text_of(ran)
-            conversation = str(call_meta(ran)["conversation"])
-            assert docker_backend.list_containers({TEST_LABEL: SESSION, LABEL_CONVERSATION: conversation})
-            return conversation
-
-    conversation = run_bounded(scenario)  # leaving the block closes the server's stdin
+    command = [sys.executable, "-m", "tests.clients.sessions_then_exit", json.dumps(serve_command(served_state))]
+    with subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True) as client:
+        try:
+            assert client.stdout is not None
+            assert client.stdin is not None
+            first = json.loads(client.stdout.readline())
+            labels = {TEST_LABEL: SESSION, LABEL_CONVERSATION: first["conversation"]}
+            (running,) = docker_backend.list_containers(labels)  # the session ended; its client did not
+            client.stdin.write("go\n")
+            client.stdin.flush()
+            second = json.loads(client.stdout.readline())
+            assert client.wait(timeout=60) == 0
+        finally:
+            if client.poll() is None:
+                client.kill()
+    assert second["conversation"] == first["conversation"]  # one conversation per client process
+    assert second["text"].startswith("kept")
+    assert [c.id for c in docker_backend.list_containers(labels)] in ([running.id], [])  # never a second one
     deadline = time.monotonic() + 30
-    while docker_backend.list_containers({TEST_LABEL: SESSION, LABEL_CONVERSATION: conversation}):
-        assert time.monotonic() < deadline, f"the sandbox of {conversation} still runs 30 s after the client left"
+    while docker_backend.list_containers(labels):
+        assert time.monotonic() < deadline, "the sandbox still runs 30 s after its client exited"
         time.sleep(0.2)
-    assert (served_state / "conversations" / conversation / "results").is_dir()
+    assert (served_state / "conversations" / first["conversation"] / "results").is_dir()

@@ -61,6 +61,7 @@ from sandbox_runtime.mcp.results import (
     tool_listing,
 )
 from sandbox_runtime.runtime import Runtime
+from sandbox_runtime.stdio_client import ClientProcess
 from sandbox_runtime.store.folders import validate_conversation_id
 from sandbox_runtime.turns import TurnGate
 
@@ -272,23 +273,13 @@ def default_conversation(transport: Transport, token: str | None, *, proc: Path 
     without one) over HTTP. Stable for as long as its owner lives, and the same string every time."""
     if transport == "http":
         return "mcp-http" if token is None else f"mcp-http-{hashlib.sha256(token.encode()).hexdigest()[:16]}"
-    parent = os.getppid()
-    identity = f"{_read(proc / 'sys/kernel/random/boot_id')}:{parent}:{_start_time(proc, parent)}"
-    return f"mcp-stdio-{hashlib.sha256(identity.encode()).hexdigest()[:16]}"
-
-
-def _read(path: Path) -> str:
+    client = ClientProcess.parent()  # a pid with its start time: a reused pid is another client
     try:
-        return path.read_text().strip()
+        boot = (proc / "sys/kernel/random/boot_id").read_text().strip()
     except OSError:
-        return ""
-
-
-def _start_time(proc: Path, pid: int) -> str:
-    """When a process started (clock ticks since boot), so a reused pid is another client."""
-    stat = _read(proc / str(pid) / "stat")
-    fields = stat.rpartition(")")[2].split()
-    return fields[19] if len(fields) > 19 else ""
+        boot = ""
+    identity = f"{boot}:{client.pid}:{client.start or ''}"
+    return f"mcp-stdio-{hashlib.sha256(identity.encode()).hexdigest()[:16]}"
 
 
 def _progress_sender(ctx: ServerRequestContext[Any]) -> ProgressReport:
