@@ -190,11 +190,14 @@ class Conversation:
         return list(self.runtime.state.stored_results(self.id).values())
 
     def usage(self) -> QuotaUsage:
-        """Bytes used in the results folder against the conversation's quota."""
-        return self.runtime.store.usage(self.folders)
+        """Bytes used in the results folder against the conversation's quota (a look: a volume mounted for it
+        is released again when nothing else uses the conversation)."""
+        with self.runtime.manager.borrowed(self.id) as folders:
+            return self.runtime.store.usage(folders)
 
     def close(self) -> bool:
-        """End the sandbox (its folders stay); True when one was running."""
+        """End the sandbox and release the quota volume (unmounted until the next use; not while another live
+        process holds the conversation); the folders stay. True when a sandbox was running."""
         return self.runtime.manager.close(self.id)
 
     def delete(self) -> None:
@@ -217,6 +220,10 @@ class Runtime:
     expired sandboxes every ``reap_interval_s`` seconds (None: no thread; call :meth:`gc`), and another removes
     expired spill, error and argument files every ``retention_interval_s`` seconds ("policy": the policy's
     ``spill.retention_interval_s``, 6 hours by default; None: no thread; call :meth:`expire_files`).
+
+    A runtime registers a lease in the state database while it is open; other runtimes on the same state
+    directory (whatever their policy) never remove a sandbox it holds nor unmount a volume it uses. ``close``
+    drops the lease; a lease of a process that died counts as gone.
     """
 
     def __init__(
@@ -251,8 +258,13 @@ class Runtime:
         self.dispatcher = Dispatcher(self.state, self.policy, self.tools, self._tool_context, approver=approver)
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
+        self._closed = False
         if sweep_on_start:
-            self.manager.sweep_orphans()
+            try:
+                self.manager.sweep_orphans()
+            except BaseException:
+                self.manager.end_lease()  # no runtime came of it: nothing of this process holds anything
+                raise
         if reap_interval_s is not None:
             self._every(reap_interval_s, "reaper", self.manager.reap)
         if retention_interval_s == "policy":
@@ -287,7 +299,7 @@ class Runtime:
     def register_tool(
         self,
         name: str,
-        handler: Callable[[dict[str, Any]], object],
+        handler: Callable[..., object],
         *,
         description: str,
         input_schema: dict[str, Any],
@@ -329,7 +341,8 @@ class Runtime:
         return self.manager.self_check(force=True)
 
     def gc(self) -> list[Removal]:
-        """Remove orphaned, idle and expired sandboxes now."""
+        """Remove orphaned, idle and expired sandboxes now (never one another live runtime holds), and release
+        the quota volumes no sandbox and no live runtime uses."""
         return self.manager.sweep_orphans()
 
     def expire_files(self, now: float | None = None) -> list[RetentionReport]:
@@ -340,24 +353,29 @@ class Runtime:
             with self.manager.lock(record.id):
                 if self.state.conversation(record.id) is None:
                     continue  # deleted meanwhile: never make its folders again
-                folders = self.manager.folders(record.id)
-                reports.append(
-                    expire_results(
-                        self.state,
-                        record.id,
-                        folders.results,
-                        self.policy.sandbox.results_mount_path,
-                        retention_s=self.policy.spill.retention_s,
-                        now=moment,
+                with self.manager.borrowed(record.id) as folders:  # mounted for the sweep only, when unused
+                    reports.append(
+                        expire_results(
+                            self.state,
+                            record.id,
+                            folders.results,
+                            self.policy.sandbox.results_mount_path,
+                            retention_s=self.policy.spill.retention_s,
+                            now=moment,
+                        )
                     )
-                )
         return reports
 
     def close(self) -> None:
-        """Stop the background jobs and release the engine connection; sandboxes keep running for the next start."""
+        """Stop the background jobs, drop this runtime's lease and release the engine connection; sandboxes (and
+        their mounted volumes) keep running for the next start to re-attach. Closing twice does nothing."""
+        if self._closed:
+            return
+        self._closed = True
         self._stop.set()
         for thread in self._threads:
             thread.join(timeout=10)
+        self.manager.end_lease()
         self.backend.close()
         self.state.close()
 

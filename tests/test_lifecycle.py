@@ -2,19 +2,34 @@
 
 from __future__ import annotations
 
+import logging
+import os
+import subprocess
 import time
 from pathlib import Path
 
 import pytest
 
 from sandbox_runtime.errors import InvalidConversationId, SelfCheckFailed
-from sandbox_runtime.policy import load_policy
+from sandbox_runtime.policy import load_policy, policy_from_mapping
 from sandbox_runtime.runtime import Runtime
 from sandbox_runtime.sandbox.docker_backend import DockerBackend
+from sandbox_runtime.sandbox.manager import Removal
 from sandbox_runtime.sandbox.profile import LABEL_CONVERSATION, LABEL_RUNTIME
+from sandbox_runtime.store.quota import loop_quota_unavailable_reason
 from tests.conftest import SESSION, TEST_LABEL, RuntimeFactory
 
 pytestmark = pytest.mark.docker
+
+LOOP_STORE = {"quota_mode": "loop", "quota_bytes": 16 * 1024 * 1024}
+needs_loop = pytest.mark.skipif(
+    loop_quota_unavailable_reason() is not None and not os.environ.get("CI"),
+    reason=f"kernel-enforced quotas unavailable: {loop_quota_unavailable_reason()}",
+)
+
+
+def _ids(removals: list[Removal]) -> set[str]:
+    return {r.container_id for r in removals}
 
 
 def _ours(backend: DockerBackend, conversation: str) -> list[str]:
@@ -151,3 +166,51 @@ def test_a_sandbox_removed_behind_the_runtimes_back_is_replaced_on_the_next_run(
     result = conversation.run_python("print(open('/mnt/results/kept.txt').read())")
     assert result.stdout == "kept\n"
     assert conversation.sandbox().container_id != first
+
+
+def _losetup_lists(image: Path) -> str:
+    return subprocess.run(["losetup", "-j", str(image)], capture_output=True, text=True, timeout=30, check=True).stdout
+
+
+@needs_loop
+def test_an_idle_sandbox_reaped_releases_its_volume_and_the_next_run_mounts_it_again(
+    runtime_factory: RuntimeFactory,
+) -> None:
+    runtime = runtime_factory(policy_from_mapping({"sandbox": {"idle_timeout_s": 1}, "store": LOOP_STORE}))
+    conversation = runtime.conversation("released")
+    conversation.run_python("open('/mnt/results/kept.txt', 'w').write('kept')")
+    folders = runtime.store.folders("released")  # the paths only: nothing is mounted by asking
+    assert os.path.ismount(folders.results)
+    assert _losetup_lists(folders.volume)
+    container = conversation.sandbox().container_id
+    real_clock = runtime.manager.clock
+    runtime.manager.clock = lambda: real_clock() + 5  # 5 s on: idle longer than idle_timeout_s = 1
+    assert _ids(runtime.manager.reap()) == {container}
+    assert not os.path.ismount(folders.results)
+    assert _losetup_lists(folders.volume) == ""
+    runtime.manager.clock = real_clock
+    again = conversation.run_python("print(open('/mnt/results/kept.txt').read())")
+    assert (again.status, again.stdout) == ("ok", "kept\n")
+    assert os.path.ismount(folders.results)
+
+
+@needs_loop
+def test_closing_a_conversation_releases_its_volume_but_never_one_in_use(
+    runtime_factory: RuntimeFactory, caplog: pytest.LogCaptureFixture
+) -> None:
+    runtime = runtime_factory(policy_from_mapping({"store": LOOP_STORE}))
+    conversation = runtime.conversation("busy-volume")
+    conversation.run_python("open('/mnt/results/kept.txt', 'w').write('kept')")
+    folders = runtime.store.folders("busy-volume")
+    with open(folders.results / "kept.txt") as handle, caplog.at_level(logging.WARNING):  # a host reader
+        assert conversation.close() is True
+        assert os.path.ismount(folders.results)  # busy: left mounted, and said so
+        assert any("in use" in r.getMessage() for r in caplog.records)
+        assert handle.read() == "kept"
+    runtime.gc()
+    assert not os.path.ismount(folders.results)
+    assert _losetup_lists(folders.volume) == ""
+    assert conversation.close() is False
+    assert conversation.usage().used_bytes > 0  # a look mounts it for the look only
+    assert not os.path.ismount(folders.results)
+    assert (conversation.folders.results / "kept.txt").read_text() == "kept"  # a use mounts it again

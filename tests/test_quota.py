@@ -4,13 +4,19 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
 from sandbox_runtime.errors import QuotaError
 from sandbox_runtime.policy import policy_from_mapping
-from sandbox_runtime.store.quota import loop_quota_unavailable_reason, resolve_quota_mode
-from tests.conftest import RuntimeFactory
+from sandbox_runtime.runtime import Runtime
+from sandbox_runtime.sandbox.docker_backend import DockerBackend
+from sandbox_runtime.sandbox.profile import LABEL_STATE_DIR
+from sandbox_runtime.store.quota import attached_loop_images, loop_quota_unavailable_reason, resolve_quota_mode
+from tests.conftest import SESSION, TEST_LABEL, RuntimeFactory
 
 pytestmark = pytest.mark.docker
 
@@ -122,3 +128,55 @@ def test_a_policy_that_demands_loop_quotas_fails_clearly_where_they_are_impossib
     with pytest.raises(QuotaError, match="not running as root"):
         resolve_quota_mode("loop")
     assert resolve_quota_mode("auto") == "measured"
+
+
+def _attached_under(state_dir: Path) -> list[str]:
+    """Loop devices whose backing file lies in this state directory."""
+    volumes = os.path.realpath(state_dir / "volumes") + os.sep
+    return sorted(
+        device for image, devices in attached_loop_images().items() if image.startswith(volumes) for device in devices
+    )
+
+
+@needs_root
+def test_gc_after_a_crash_leaves_no_loop_device_of_the_state_directory_attached(
+    runtime_factory: RuntimeFactory, docker_backend: DockerBackend, executor_image: str, tmp_path: Path
+) -> None:
+    state = tmp_path / "state"
+    policy = policy_from_mapping({"store": {"quota_bytes": QUOTA_BYTES, "quota_mode": "loop"}})
+    crashed = Runtime(
+        state,
+        policy,
+        image=executor_image,
+        extra_labels={TEST_LABEL: SESSION},
+        reap_interval_s=None,
+        retention_interval_s=None,
+    )
+    names = [f"past-{i:02d}" for i in range(20)]
+    try:
+        for name in names[:2]:
+            written = crashed.conversation(name).run_python(f"open('/mnt/results/{name}.txt', 'w').write('{name}')")
+            assert written.status == "ok", written.message
+        for name in names[2:]:
+            outcome = crashed.conversation(name).call("write_file", {"path": f"{name}.txt", "content": name})
+            assert not outcome.is_error, outcome
+    finally:
+        crashed.close()  # its sandboxes and mounts stay, as after a crash; then the engine loses the sandboxes
+    for info in docker_backend.list_containers({TEST_LABEL: SESSION, LABEL_STATE_DIR: str(state.resolve())}):
+        docker_backend.remove(info.id)
+    assert len(_attached_under(state)) == 20
+    done = subprocess.run(
+        [sys.executable, "-m", "sandbox_runtime.cli", "--state-dir", str(state), "--policy", "default", "gc"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert _attached_under(state) == []
+    assert not any(os.path.ismount(state / "conversations" / name / "results") for name in names)
+    later = runtime_factory(policy, state_dir=state)
+    assert later.conversation("past-00").run_python("print(open('/mnt/results/past-00.txt').read())").stdout == (
+        "past-00\n"
+    )
+    assert later.conversation("past-19").call("read_file", {"path": "past-19.txt"}).text.endswith("past-19")

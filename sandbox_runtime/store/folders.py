@@ -9,6 +9,9 @@
         results/    mounted read-write into the sandbox; spill/ errors/ args/ exports/ scripts/
         outputs/    attachments; never mounted, outside retention
 
+In quota mode "loop" the results filesystem is mounted only while its conversation is in use: ``prepare``
+mounts it (again) when needed, ``release`` unmounts it and detaches its loop device.
+
 The results folder is hostile once a sandbox has seen it; the sub-folders are made only while it is new
 (or through directory descriptors), never by following a path the sandbox could have changed.
 """
@@ -29,7 +32,9 @@ from sandbox_runtime.policy import Policy
 from sandbox_runtime.store.quota import (
     QuotaMode,
     QuotaUsage,
+    loop_devices,
     mount_loop_quota,
+    release_loop_quota,
     resolve_quota_mode,
     statvfs_usage,
     unmount_loop_quota,
@@ -131,6 +136,24 @@ class ConversationStore:
         if made:
             self._make_subfolders(folders.results, uid, gid)
 
+    def is_mounted(self, folders: ConversationFolders) -> bool:
+        """Whether the conversation's quota filesystem is mounted or its loop device attached (always False in
+        measured mode)."""
+        if folders.quota_mode != "loop":
+            return False
+        return os.path.ismount(folders.results) or bool(loop_devices(folders.volume))
+
+    def release(self, folders: ConversationFolders) -> bool:
+        """Unmount the quota filesystem and detach its loop device; the folders stay and the next ``prepare``
+        mounts them again. False (still mounted, logged) when the filesystem is busy; True in measured mode.
+        The caller makes sure no sandbox uses the folder."""
+        if folders.quota_mode != "loop":
+            return True
+        released = release_loop_quota(folders.volume, folders.results)
+        if released:
+            logger.info("released the quota volume of %s", folders.conversation_id)
+        return released
+
     @staticmethod
     def _give_to_sandbox_user(path: Path, uid: int, gid: int) -> None:
         try:
@@ -178,7 +201,7 @@ class ConversationStore:
     def delete(self, folders: ConversationFolders) -> None:
         """Unmount and delete everything of one conversation (its sandbox must be gone first)."""
         if folders.quota_mode == "loop":
-            unmount_loop_quota(folders.results)
+            unmount_loop_quota(folders.results, folders.volume)
             folders.volume.unlink(missing_ok=True)
         if folders.root.exists():
             shutil.rmtree(folders.root)  # fd-based on Linux: never follows a link the sandbox planted
