@@ -10,15 +10,25 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import httpx2
 import mcp_types as types
 from jsonschema import Draft202012Validator
 from mcp import Client
+from mcp.client.streamable_http import streamable_http_client
 
 from sandbox_runtime.runtime import Runtime
 from sandbox_runtime.sandbox.backend import ExecRequest
 from sandbox_runtime.sandbox.profile import LABEL_CONVERSATION, PYTHON, code_user
 from tests.conftest import RuntimeFactory
-from tests.mcp_helpers import BUILTIN_TOOLS, call_meta, run_bounded, stdio_params, structured, text_of
+from tests.mcp_helpers import (
+    BUILTIN_TOOLS,
+    call_meta,
+    http_server,
+    run_bounded,
+    stdio_params,
+    structured,
+    text_of,
+)
 
 # the live processes of the code's uid, listed by a command the runner does not start (the runner's own start-up
 # sweep would end leftovers before a script could see them)
@@ -206,3 +216,41 @@ def test_a_long_run_reports_progress_every_second_to_a_client_that_asks(served_s
     assert elapsed == sorted(elapsed)
     assert all(total == 30 for _, total, _ in reports)
     assert all(message and "bytes of output" in message for _, _, message in reports)
+
+
+def test_a_stateless_http_request_that_goes_away_ends_its_run_in_the_sandbox(
+    runtime_factory: RuntimeFactory, served_state: Path
+) -> None:
+    script = "open('/mnt/results/started', 'w').close()\nimport time\ntime.sleep(120)\n"
+
+    async def scenario(url: str) -> dict[str, Any]:
+        seen: dict[str, Any] = {}
+        async with (
+            httpx2.AsyncClient(timeout=180) as http,
+            Client(streamable_http_client(url, http_client=http), mode="2026-07-28") as client,
+        ):
+            warm = await client.call_tool("run_python", {"code": "print('warm')"})
+            seen["conversation"] = call_meta(warm)["conversation"]
+            host = runtime_factory(state_dir=served_state)
+            results = host.conversation(seen["conversation"]).folders.results
+            async with anyio.create_task_group() as group:
+                group.start_soon(client.call_tool, "run_python", {"code": script}, 180.0)
+                with anyio.fail_after(60):
+                    while not (results / "started").exists():
+                        await anyio.sleep(0.05)
+                group.cancel_scope.cancel()  # a stateless client cancels by closing the request's stream
+            cancelled_at = time.monotonic()
+            with anyio.fail_after(10):
+                while await anyio.to_thread.run_sync(code_processes_left, host, seen["conversation"]):
+                    await anyio.sleep(0.1)
+            seen["gone_after_s"] = time.monotonic() - cancelled_at
+            seen["after"] = await client.call_tool("run_python", {"code": "print('next')"})
+        return seen
+
+    with http_server(served_state) as url:
+        seen = run_bounded(scenario, url)
+    assert seen["conversation"] == "mcp-http"
+    assert seen["gone_after_s"] < 2.5
+    assert text_of(seen["after"]).startswith("next\n")
+    statuses = [r.status for r in runtime_factory(state_dir=served_state).conversation("mcp-http").calls()]
+    assert statuses == ["ok", "cancelled", "ok"]
