@@ -64,17 +64,24 @@ def stdio_params(state_dir: Path, *serve_args: str, policy: Path | None = None) 
 
 @contextmanager
 def http_server(
-    state_dir: Path, *serve_args: str, env: dict[str, str] | None = None, policy: Path | None = None
+    state_dir: Path,
+    *serve_args: str,
+    env: dict[str, str] | None = None,
+    policy: Path | None = None,
+    host: str = "127.0.0.1",
 ) -> Iterator[str]:
-    """``serve --http 127.0.0.1:0`` in a subprocess; yields the endpoint URL it printed; stops it by pid."""
-    command = serve_command(state_dir, "--http", "127.0.0.1:0", *serve_args, policy=policy)
+    """``serve --http HOST:0`` in a subprocess; yields the endpoint URL it printed; stops it by pid. ``env`` is laid
+    over this process's environment, without any token of its own (``env`` may give one)."""
+    shown = f"[{host}]" if ":" in host else host
+    command = serve_command(state_dir, "--http", f"{shown}:0", *serve_args, policy=policy)
+    inherited = {key: value for key, value in os.environ.items() if key != "SANDBOX_RUNTIME_MCP_TOKEN"}
     process = subprocess.Popen(
         command,
         stdin=subprocess.DEVNULL,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         text=True,
-        env={**os.environ, **(env or {})},
+        env={**inherited, **(env or {})},
     )
     lines: queue.Queue[str | None] = queue.Queue()
 

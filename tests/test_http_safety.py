@@ -10,21 +10,14 @@ from __future__ import annotations
 
 import http.client
 import json
-import os
-import queue
 import socket
-import subprocess
-import sys
-import threading
 import urllib.parse
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 
 from sandbox_runtime.mcp.transports import rebinding_protection
-from tests.mcp_helpers import SERVE_START_S, serve_command
+from tests.mcp_helpers import http_server
 
 INITIALIZE = json.dumps(
     {
@@ -48,47 +41,6 @@ def loopback_available(host: str) -> bool:
     except OSError:
         return False
     return True
-
-
-@contextmanager
-def http_server_on(state_dir: Path, host: str) -> Iterator[str]:
-    """``serve --http HOST:0`` in a subprocess (no token); yields the endpoint URL it printed; stops it by pid."""
-    shown = f"[{host}]" if ":" in host else host
-    command = serve_command(state_dir, "--http", f"{shown}:0")
-    env = {key: value for key, value in os.environ.items() if key != "SANDBOX_RUNTIME_MCP_TOKEN"}
-    process = subprocess.Popen(
-        command, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env
-    )
-    lines: queue.Queue[str | None] = queue.Queue()
-
-    def pump() -> None:
-        assert process.stderr is not None
-        for line in process.stderr:
-            sys.stderr.write(f"[serve] {line}")
-            lines.put(line)
-        lines.put(None)
-
-    reader = threading.Thread(target=pump, daemon=True)
-    reader.start()
-    try:
-        url = None
-        while url is None:
-            line = lines.get(timeout=SERVE_START_S)
-            if line is None:
-                raise AssertionError(f"serve exited with {process.wait(timeout=10)} before it was ready")
-            if line.startswith("serving MCP at "):
-                url = line.removeprefix("serving MCP at ").strip()
-        yield url
-    finally:
-        process.terminate()
-        try:
-            process.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait(timeout=10)
-        reader.join(timeout=10)
-        assert process.stderr is not None
-        process.stderr.close()
 
 
 def post_initialize(url: str, headers: dict[str, str]) -> tuple[int, str]:
@@ -116,7 +68,7 @@ def post_initialize(url: str, headers: dict[str, str]) -> tuple[int, str]:
 def test_a_loopback_server_refuses_foreign_host_and_origin_headers(served_state: Path, host: str) -> None:
     if host == "::1" and not loopback_available("::1"):
         pytest.skip("this machine has no IPv6 loopback (::1 cannot be bound)")
-    with http_server_on(served_state, host) as url:
+    with http_server(served_state, host=host) as url:
         parts = urllib.parse.urlsplit(url)
         port = parts.port
         served = parts.netloc  # the address it listens on, as a Host value: 127.0.0.2:PORT, [::1]:PORT

@@ -64,6 +64,23 @@ def code_processes_left(runtime: Runtime, conversation_id: str) -> int:
     return int(listing.stdout)
 
 
+async def cancel_a_long_run(client: Client, host: Runtime, conversation_id: str, script: str) -> float:
+    """Start ``script`` (it writes /mnt/results/started first), cancel the call once it runs, and return how long
+    after the cancel the last process of the run was gone from the sandbox."""
+    results = host.conversation(conversation_id).folders.results
+    async with anyio.create_task_group() as group:
+        group.start_soon(client.call_tool, "run_python", {"code": script}, 180.0)
+        with anyio.fail_after(60):
+            while not (results / "started").exists():
+                await anyio.sleep(0.05)
+        group.cancel_scope.cancel()  # the client cancels: notifications/cancelled, or (stateless) closing the stream
+    cancelled_at = time.monotonic()
+    with anyio.fail_after(10):
+        while await anyio.to_thread.run_sync(code_processes_left, host, conversation_id):
+            await anyio.sleep(0.1)
+    return time.monotonic() - cancelled_at
+
+
 def test_every_tool_says_what_it_is_and_every_result_carries_the_whole_text_in_both_channels(
     served_state: Path,
 ) -> None:
@@ -164,17 +181,7 @@ def test_cancelling_a_long_run_ends_it_in_the_sandbox_and_the_next_call_starts_a
             seen["conversation"] = call_meta(warm)["conversation"]
             host = runtime_factory(state_dir=served_state)
             results = host.conversation(seen["conversation"]).folders.results
-            async with anyio.create_task_group() as group:
-                group.start_soon(client.call_tool, "run_python", {"code": script}, 180.0)
-                with anyio.fail_after(60):
-                    while not (results / "started").exists():
-                        await anyio.sleep(0.05)
-                group.cancel_scope.cancel()  # the SDK client sends notifications/cancelled
-            cancelled_at = time.monotonic()
-            with anyio.fail_after(10):
-                while await anyio.to_thread.run_sync(code_processes_left, host, seen["conversation"]):
-                    await anyio.sleep(0.1)
-            seen["gone_after_s"] = time.monotonic() - cancelled_at
+            seen["gone_after_s"] = await cancel_a_long_run(client, host, seen["conversation"], script)
             began = time.monotonic()
             seen["after"] = await client.call_tool("run_python", {"code": "print('next')"})
             seen["next_call_s"] = time.monotonic() - began
@@ -232,18 +239,7 @@ def test_a_stateless_http_request_that_goes_away_ends_its_run_in_the_sandbox(
             warm = await client.call_tool("run_python", {"code": "print('warm')"})
             seen["conversation"] = call_meta(warm)["conversation"]
             host = runtime_factory(state_dir=served_state)
-            results = host.conversation(seen["conversation"]).folders.results
-            async with anyio.create_task_group() as group:
-                group.start_soon(client.call_tool, "run_python", {"code": script}, 180.0)
-                with anyio.fail_after(60):
-                    while not (results / "started").exists():
-                        await anyio.sleep(0.05)
-                group.cancel_scope.cancel()  # a stateless client cancels by closing the request's stream
-            cancelled_at = time.monotonic()
-            with anyio.fail_after(10):
-                while await anyio.to_thread.run_sync(code_processes_left, host, seen["conversation"]):
-                    await anyio.sleep(0.1)
-            seen["gone_after_s"] = time.monotonic() - cancelled_at
+            seen["gone_after_s"] = await cancel_a_long_run(client, host, seen["conversation"], script)
             seen["after"] = await client.call_tool("run_python", {"code": "print('next')"})
         return seen
 

@@ -34,7 +34,7 @@ from sandbox_runtime.sandbox.backend import (
     SandboxBackend,
 )
 from sandbox_runtime.sandbox.exec_stream import Caller, Watch, read_cgroup_file, read_frames
-from sandbox_runtime.sandbox.profile import PYTHON
+from sandbox_runtime.sandbox.profile import end_all_command
 
 __all__ = ["DockerBackend"]
 
@@ -46,38 +46,6 @@ _RUNTIME_FAILURE_EXIT = 126  # 126-128: the OCI runtime, not the code, ended the
 _GVISOR_SANDBOX_LOST = b'urpc method "containerManager.WaitPID" failed: EOF'
 _DEFAULT_SOCKET = "/var/run/docker.sock"
 _END_ALL_DEADLINE_S = 1.5  # the cancel's own exec: its program gives up after 1 s of retries
-# Run as the code's uid: SIGKILL everything it may signal (all of its uid but itself) until no process of the
-# uid is left but zombies, for at most a second; prints how many are left, exits 1 when any is.
-_END_ALL_PROGRAM = """
-import os, time
-me, uid = os.getpid(), os.getuid()
-def left():
-    count = 0
-    for name in os.listdir("/proc"):
-        if not name.isdigit() or int(name) == me:
-            continue
-        try:
-            if os.stat("/proc/" + name).st_uid != uid:
-                continue
-            with open("/proc/" + name + "/stat", "rb") as handle:
-                state = handle.read().rsplit(b")", 1)[1].split()[0]
-        except (OSError, IndexError):
-            continue
-        count += state not in (b"Z", b"X")
-    return count
-end = time.monotonic() + 1.0
-while True:
-    try:
-        os.kill(-1, 9)
-    except ProcessLookupError:
-        pass
-    count = left()
-    if count == 0 or time.monotonic() >= end:
-        break
-    time.sleep(0.005)
-print(count)
-raise SystemExit(1 if count else 0)
-"""
 
 
 @contextlib.contextmanager
@@ -362,7 +330,7 @@ class DockerBackend(SandboxBackend):
         cannot run (the sandbox is gone, or its pids are exhausted) the caller's bounded read of the stream
         ends at its deadline and the sandbox is restarted by its owner."""
         request = ExecRequest(
-            command=(PYTHON, "-I", "-S", "-c", _END_ALL_PROGRAM),
+            command=end_all_command(),
             user=user,
             stdout_max_bytes=4096,
             stderr_max_bytes=4096,

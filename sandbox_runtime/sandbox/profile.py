@@ -26,6 +26,7 @@ __all__ = [
     "SELFCHECK",
     "code_user",
     "container_spec",
+    "end_all_command",
     "exec_environment",
     "runner_command",
 ]
@@ -69,6 +70,15 @@ def exec_environment(policy: Policy) -> dict[str, str]:
 
 
 _GVISOR_PIDS_RESERVE = 64  # threads of gVisor's own kernel that count against the container's pids limit
+
+
+def end_all_command() -> tuple[str, ...]:
+    """The exec command, run as the code's uid, that ends every process of that uid in the sandbox: the runner's
+    own sweep (SIGKILL to all it may signal until none is left, about a second at most); exit status 1 when a
+    process is still left. The keeper and init run under other uids and survive it."""
+    program = f"import sys; sys.path.insert(0, {RUNNER.rsplit('/', 1)[0]!r}); import run; run.sweep(0.0); "
+    program += "sys.exit(1 if run._others_exist() else 0)"
+    return (PYTHON, "-I", "-S", "-c", program)
 
 
 def runner_command(policy: Policy, timeout_s: float, program: Sequence[str]) -> tuple[str, ...]:
