@@ -26,10 +26,10 @@ from sandbox_runtime.errors import (
     UpstreamError,
 )
 from sandbox_runtime.policy import Policy, load_policy
+from sandbox_runtime.records import Attachment, CallRecord
 from sandbox_runtime.runtime import Conversation, Runtime, SavedResult
 from sandbox_runtime.spill.spiller import ResultDescriptor
 from sandbox_runtime.spill.streamed import TableStream
-from sandbox_runtime.state import Attachment, CallRecord
 from sandbox_runtime.tools.host import HostCall
 from sandbox_runtime.tools.run_python import RunPythonResult
 

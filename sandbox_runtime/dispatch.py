@@ -36,11 +36,12 @@ from sandbox_runtime.control import CallControl
 from sandbox_runtime.errors import InvalidToolArguments
 from sandbox_runtime.execution import CallRunner, Ran
 from sandbox_runtime.policy import Policy
+from sandbox_runtime.records import CallRecord, StoredResult
 from sandbox_runtime.spill.budget import BudgetCandidate, BudgetDecision, plan_turn_budget
 from sandbox_runtime.spill.failures import spill_error
 from sandbox_runtime.spill.spiller import ResultDescriptor, result_text, spill_result
 from sandbox_runtime.spill.streamed import TableStream
-from sandbox_runtime.state import CallRecord, StateDB, StoredResult
+from sandbox_runtime.state import StateDB
 from sandbox_runtime.tools.base import SpillMode, ToolContext, ToolSpec
 
 __all__ = ["Dispatcher", "HostResult", "PreparedCall", "ToolCall", "ToolOutcome", "TurnReport"]

@@ -18,8 +18,8 @@ from typing import Any
 from sandbox_runtime.approval import Approver, judge, make_request
 from sandbox_runtime.errors import InvalidToolArguments, PathNotFound, PathRejected, UnknownTool
 from sandbox_runtime.policy import Policy
+from sandbox_runtime.records import CallRecord
 from sandbox_runtime.spill.spiller import is_mcp_error, result_text
-from sandbox_runtime.state import CallRecord
 from sandbox_runtime.tools.base import ToolContext, ToolReturn, ToolSpec, expired_or, validate_arguments
 from sandbox_runtime.tools.delegate import DelegateCallArgs, expand_delegate_call
 

@@ -39,13 +39,14 @@ from sandbox_runtime.approval import Approver
 from sandbox_runtime.control import CallControl
 from sandbox_runtime.dispatch import Dispatcher, HostResult, ToolCall, ToolOutcome, TurnReport
 from sandbox_runtime.policy import Policy, load_policy
+from sandbox_runtime.records import Attachment, CallRecord, StoredResult
 from sandbox_runtime.sandbox.backend import SandboxBackend
 from sandbox_runtime.sandbox.manager import Removal, Sandbox, SandboxManager
 from sandbox_runtime.sandbox.selfcheck import SelfCheckReport
 from sandbox_runtime.spill.history import HistoryRebuild, rebuild_history
 from sandbox_runtime.spill.retention import RetentionReport, expire_results
 from sandbox_runtime.spill.spiller import ResultDescriptor
-from sandbox_runtime.state import Attachment, CallRecord, StateDB, StoredResult
+from sandbox_runtime.state import StateDB
 from sandbox_runtime.store.folders import ConversationFolders, ConversationStore, validate_conversation_id
 from sandbox_runtime.store.quota import QuotaUsage
 from sandbox_runtime.tools.base import SpillMode, ToolContext, ToolSpec

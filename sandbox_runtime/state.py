@@ -1,12 +1,6 @@
 """The runtime's embedded SQLite state: conversations, sandboxes, run numbering, the decision made for every
-tool result (persisted replacements), the files retention removed, and which live process uses what.
-
-Leases: every open runtime registers one (its pid, the process's start time from ``/proc`` so that a reused pid
-is not mistaken for it, the host name, the policy digest). While it uses a conversation it *holds* it (and, once
-it started or re-attached one, the conversation's sandbox container). Another process never removes a sandbox
-that a live process holds, nor unmounts a volume it holds; a lease whose process is gone counts as gone and is
-deleted (with its holds) the next time anyone asks. New tables only (``CREATE TABLE IF NOT EXISTS``): an older
-database gains them when it is opened, and older versions of the runtime ignore them.
+tool result (persisted replacements), the files retention removed, and which live process uses what (its
+:class:`~sandbox_runtime.leases.Leases`, as ``StateDB.leases``).
 
 Every write is one transaction; WAL mode keeps readers from blocking the writer. Connections are per thread.
 Model-facing texts are stored as UTF-8 blobs (surrogates passed through), so a replayed text is the same string.
@@ -14,29 +8,24 @@ Model-facing texts are stored as UTF-8 blobs (surrogates passed through), so a r
 
 from __future__ import annotations
 
-import os
-import socket
+import contextlib
 import sqlite3
 import threading
 import time
-import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict
+from sandbox_runtime.leases import Leases
+from sandbox_runtime.records import (
+    Attachment,
+    CallRecord,
+    ConversationRecord,
+    ExpiredFile,
+    SandboxRecord,
+    StoredResult,
+)
 
-__all__ = [
-    "Attachment",
-    "CallRecord",
-    "ConversationRecord",
-    "ExpiredFile",
-    "HoldRecord",
-    "LeaseRecord",
-    "SandboxRecord",
-    "StateDB",
-    "StoredResult",
-    "lease_is_alive",
-    "process_start",
-]
+__all__ = ["StateDB"]
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS conversations (
@@ -104,186 +93,7 @@ CREATE TABLE IF NOT EXISTS expired_files (
     removed_at REAL NOT NULL,
     PRIMARY KEY (conversation_id, path)
 );
-CREATE TABLE IF NOT EXISTS leases (
-    id TEXT PRIMARY KEY,
-    pid INTEGER NOT NULL,
-    process_start TEXT,
-    host TEXT NOT NULL,
-    started_at REAL NOT NULL,
-    policy_digest TEXT NOT NULL
-);
-CREATE TABLE IF NOT EXISTS holds (
-    lease_id TEXT NOT NULL,
-    conversation_id TEXT NOT NULL,
-    container_id TEXT,
-    policy_digest TEXT NOT NULL,
-    held_at REAL NOT NULL,
-    used_at REAL NOT NULL,
-    PRIMARY KEY (lease_id, conversation_id)
-);
-CREATE INDEX IF NOT EXISTS holds_by_conversation ON holds(conversation_id);
 """
-
-_BOOT_ID = Path("/proc/sys/kernel/random/boot_id")
-_GONE_STATES = frozenset("ZXx")  # a zombie (killed, not yet waited for) or a dead task is no longer running
-
-
-def _boot_id() -> str:
-    try:
-        return _BOOT_ID.read_text().strip()
-    except OSError:
-        return "-"
-
-
-def process_start(pid: int) -> str | None:
-    """``<boot id>:<start time in clock ticks>`` of a running process, from ``/proc/<pid>/stat``; None when the
-    process does not exist, is a zombie, or ``/proc`` cannot be read. Two processes that ever had the same pid on
-    one host never have the same value."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    fields = stat.rsplit(")", 1)[-1].split()  # the command name (in parentheses) may hold spaces
-    if len(fields) < 20 or fields[0] in _GONE_STATES:
-        return None
-    return f"{_boot_id()}:{fields[19]}"
-
-
-def _pid_exists(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-class ConversationRecord(BaseModel):
-    """One conversation as stored."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    id: str
-    created_at: float
-    quota_mode: str
-    quota_bytes: int
-    runs: int
-
-
-class SandboxRecord(BaseModel):
-    """One sandbox container as stored."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    container_id: str
-    conversation_id: str
-    created_at: float
-    last_used_at: float
-    removed_at: float | None = None
-    removed_reason: str | None = None
-
-
-class LeaseRecord(BaseModel):
-    """One open runtime process."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    id: str
-    pid: int
-    process_start: str | None  # see process_start(); None where /proc is not readable
-    host: str
-    started_at: float
-    policy_digest: str
-
-
-class HoldRecord(BaseModel):
-    """A conversation a runtime process uses: its folders (mounted), and the sandbox it started or re-attached."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    lease_id: str
-    conversation_id: str
-    container_id: str | None
-    policy_digest: str  # the policy the holder runs under (its sandbox was made under it)
-    held_at: float
-    used_at: float  # the holder's last use of the conversation (its clock); 0 for a short look
-    pid: int
-    host: str
-
-
-def lease_is_alive(lease: LeaseRecord, host: str | None = None) -> bool:
-    """Whether the lease's process still runs. A lease of another host counts as alive (it cannot be checked
-    from here); on this host the pid must exist with the same start time (a reused pid is another process)."""
-    if lease.host != (host or socket.gethostname()):
-        return True
-    if lease.process_start is None:
-        return _pid_exists(lease.pid)
-    return process_start(lease.pid) == lease.process_start
-
-
-class StoredResult(BaseModel):
-    """The decision made for one tool result: the exact text the model was given, kept for replay."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    conversation_id: str
-    call_id: str
-    tool: str
-    turn_id: str | None
-    decided_at: float
-    is_error: bool
-    replaced: bool
-    text: str
-    descriptor: str | None  # the ResultDescriptor as JSON
-    error_path: str | None
-
-
-class CallRecord(BaseModel):
-    """The execution record of one call: what the model wrote, what was really run, and how it ended."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    conversation_id: str
-    call_id: str
-    turn_id: str | None
-    tool: str  # as the model called it (e.g. delegate_call)
-    target: str  # what ran (the delegated tool)
-    started_at: float
-    finished_at: float
-    status: str  # ok | error | denied
-    arguments: str | None  # the short call, as JSON (cut to the policy's record cap)
-    expanded: str | None  # the expanded arguments, when they differ from the short call
-    arguments_sha256: str | None  # of the expanded arguments, whole
-    arguments_cut: bool
-    descriptor: str | None
-    error_path: str | None
-
-
-class Attachment(BaseModel):
-    """A file handed to the user as a download: the card a host renders."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    attachment_id: str
-    filename: str
-    bytes: int
-    mime_type: str
-    sha256: str
-    source: str  # the sandbox path it was copied from
-    host_path: str  # where the copy is on the host (outputs/)
-
-
-class ExpiredFile(BaseModel):
-    """A file retention removed: answers "where did it go" with when, instead of a bare "not found"."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    conversation_id: str
-    path: str
-    bytes: int
-    modified_at: float
-    removed_at: float
 
 
 def _text_blob(text: str) -> bytes:
@@ -304,6 +114,7 @@ class StateDB:
         self._local = threading.local()
         with self._connect() as db:
             db.executescript(_SCHEMA)
+        self.leases = Leases(self._connect, self._transaction)
 
     def _connect(self) -> sqlite3.Connection:
         db: sqlite3.Connection | None = getattr(self._local, "db", None)
@@ -315,6 +126,18 @@ class StateDB:
             db.execute("PRAGMA foreign_keys=ON")
             self._local.db = db
         return db
+
+    @contextlib.contextmanager
+    def _transaction(self) -> Iterator[sqlite3.Connection]:
+        """One write transaction on this thread's connection: committed when the block ends, else rolled back."""
+        db = self._connect()
+        db.execute("BEGIN IMMEDIATE")
+        try:
+            yield db
+        except BaseException:
+            db.execute("ROLLBACK")
+            raise
+        db.execute("COMMIT")
 
     def close(self) -> None:
         db: sqlite3.Connection | None = getattr(self._local, "db", None)
@@ -342,16 +165,10 @@ class StateDB:
         return [ConversationRecord(**dict(row)) for row in rows]
 
     def forget_conversation(self, conversation_id: str) -> None:
-        db = self._connect()
-        db.execute("BEGIN IMMEDIATE")
-        try:
+        with self._transaction() as db:
             for table in ("sandboxes", "tool_results", "calls", "attachments", "expired_files", "holds"):
                 db.execute(f"DELETE FROM {table} WHERE conversation_id = ?", (conversation_id,))  # noqa: S608
             db.execute("DELETE FROM conversations WHERE id = ?", (conversation_id,))
-        except BaseException:
-            db.execute("ROLLBACK")
-            raise
-        db.execute("COMMIT")
 
     def next_run_number(self, conversation_id: str) -> int:
         row = (
@@ -387,131 +204,12 @@ class StateDB:
     def mark_removed(self, container_id: str, reason: str) -> None:
         """Record the container as removed (before it is: nobody re-attaches it meanwhile) and clear it from every
         hold, in one transaction."""
-        db = self._connect()
-        db.execute("BEGIN IMMEDIATE")
-        try:
+        with self._transaction() as db:
             db.execute(
                 "UPDATE sandboxes SET removed_at = ?, removed_reason = ? WHERE container_id = ? AND removed_at IS NULL",
                 (time.time(), reason, container_id),
             )
             db.execute("UPDATE holds SET container_id = NULL WHERE container_id = ?", (container_id,))
-        except BaseException:
-            db.execute("ROLLBACK")
-            raise
-        db.execute("COMMIT")
-
-    # leases and holds -------------------------------------------------------------------------------------
-    def open_lease(self, policy_digest: str, *, pid: int | None = None) -> LeaseRecord:
-        """Register a runtime process (this one unless ``pid`` is given)."""
-        pid = os.getpid() if pid is None else pid
-        lease = LeaseRecord(
-            id=uuid.uuid4().hex,
-            pid=pid,
-            process_start=process_start(pid),
-            host=socket.gethostname(),
-            started_at=time.time(),
-            policy_digest=policy_digest,
-        )
-        self._connect().execute(
-            "INSERT INTO leases(id, pid, process_start, host, started_at, policy_digest) VALUES (?, ?, ?, ?, ?, ?)",
-            (lease.id, lease.pid, lease.process_start, lease.host, lease.started_at, lease.policy_digest),
-        )
-        return lease
-
-    def close_lease(self, lease_id: str) -> None:
-        """Drop a lease and its holds (its sandboxes and mounts stay as they are)."""
-        self._drop_leases([lease_id])
-
-    def _drop_leases(self, lease_ids: list[str]) -> None:
-        db = self._connect()
-        db.execute("BEGIN IMMEDIATE")
-        try:
-            for lease_id in lease_ids:
-                db.execute("DELETE FROM holds WHERE lease_id = ?", (lease_id,))
-                db.execute("DELETE FROM leases WHERE id = ?", (lease_id,))
-            db.execute("DELETE FROM holds WHERE lease_id NOT IN (SELECT id FROM leases)")  # strays of closed ones
-        except BaseException:
-            db.execute("ROLLBACK")
-            raise
-        db.execute("COMMIT")
-
-    def leases(self) -> list[LeaseRecord]:
-        rows = self._connect().execute("SELECT * FROM leases ORDER BY started_at").fetchall()
-        return [LeaseRecord(**dict(row)) for row in rows]
-
-    def live_leases(self) -> list[LeaseRecord]:
-        """The leases whose process still runs; those of processes that are gone are deleted with their holds."""
-        host = socket.gethostname()
-        leases = self.leases()
-        dead = [lease for lease in leases if not lease_is_alive(lease, host)]
-        if dead:
-            self._drop_leases([lease.id for lease in dead])
-        return [lease for lease in leases if lease not in dead]
-
-    def hold(
-        self,
-        lease_id: str,
-        conversation_id: str,
-        policy_digest: str,
-        when: float,
-        *,
-        container_id: str | None = None,
-        use: bool = True,
-    ) -> None:
-        """Record that the lease uses the conversation (``use``: now, else a short look that keeps the time of
-        its last real use) and, given one, the container it started or re-attached."""
-        self._connect().execute(
-            "INSERT INTO holds(lease_id, conversation_id, container_id, policy_digest, held_at, used_at) "
-            "VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT(lease_id, conversation_id) DO UPDATE SET "
-            "container_id = COALESCE(excluded.container_id, holds.container_id), "
-            "used_at = CASE WHEN ? THEN excluded.used_at ELSE holds.used_at END "
-            "WHERE excluded.container_id IS NOT NULL AND excluded.container_id IS NOT holds.container_id "
-            "OR ? AND abs(excluded.used_at - holds.used_at) >= 1.0",  # within a second: nothing to write
-            (lease_id, conversation_id, container_id, policy_digest, when, when if use else 0.0, int(use), int(use)),
-        )
-
-    def touch_hold(self, lease_id: str, conversation_id: str, when: float) -> None:
-        self._connect().execute(
-            "UPDATE holds SET used_at = ? WHERE lease_id = ? AND conversation_id = ?", (when, lease_id, conversation_id)
-        )
-
-    def drop_hold(self, lease_id: str, conversation_id: str) -> None:
-        self._connect().execute(
-            "DELETE FROM holds WHERE lease_id = ? AND conversation_id = ?", (lease_id, conversation_id)
-        )
-
-    def unhold_container(self, lease_id: str, conversation_id: str) -> None:
-        """The lease keeps using the conversation's folders but no longer claims its sandbox."""
-        self._connect().execute(
-            "UPDATE holds SET container_id = NULL WHERE lease_id = ? AND conversation_id = ?",
-            (lease_id, conversation_id),
-        )
-
-    def holds(self, *, conversation_id: str | None = None, lease_id: str | None = None) -> list[HoldRecord]:
-        """Holds of registered leases (of one conversation, or of one lease), dead or alive: see
-        :meth:`live_holds`."""
-        query = (
-            "SELECT holds.*, leases.pid AS pid, leases.host AS host "
-            "FROM holds JOIN leases ON leases.id = holds.lease_id"
-        )
-        conditions, values = [], []
-        if conversation_id is not None:
-            conditions.append("holds.conversation_id = ?")
-            values.append(conversation_id)
-        if lease_id is not None:
-            conditions.append("holds.lease_id = ?")
-            values.append(lease_id)
-        if conditions:
-            query += " WHERE " + " AND ".join(conditions)
-        rows = self._connect().execute(query + " ORDER BY holds.held_at", values).fetchall()
-        return [HoldRecord(**dict(row)) for row in rows]
-
-    def live_holds(self, conversation_id: str) -> list[HoldRecord]:
-        """The conversation's holds by processes that still run (dead ones are cleaned up first)."""
-        if not self.holds(conversation_id=conversation_id):
-            return []
-        live = {lease.id for lease in self.live_leases()}
-        return [h for h in self.holds(conversation_id=conversation_id) if h.lease_id in live]
 
     # tool results -----------------------------------------------------------------------------------------
     def store_results(
@@ -519,9 +217,7 @@ class StateDB:
     ) -> dict[str, StoredResult]:
         """Record decisions (and their calls' execution records) in one transaction; a call id decided before
         keeps its first decision. Returns what is stored for each call id afterwards."""
-        db = self._connect()
-        db.execute("BEGIN IMMEDIATE")
-        try:
+        with self._transaction() as db:
             for c in calls or []:
                 db.execute(
                     "INSERT OR IGNORE INTO calls(conversation_id, call_id, turn_id, tool, target, started_at, "
@@ -561,10 +257,6 @@ class StateDB:
                         r.error_path,
                     ),
                 )
-        except BaseException:
-            db.execute("ROLLBACK")
-            raise
-        db.execute("COMMIT")
         by_conversation: dict[str, list[str]] = {}
         for r in results:
             by_conversation.setdefault(r.conversation_id, []).append(r.call_id)
@@ -636,18 +328,12 @@ class StateDB:
 
     # retention --------------------------------------------------------------------------------------------
     def record_expired(self, files: list[ExpiredFile]) -> None:
-        db = self._connect()
-        db.execute("BEGIN IMMEDIATE")
-        try:
+        with self._transaction() as db:
             db.executemany(
                 "INSERT OR REPLACE INTO expired_files(conversation_id, path, bytes, modified_at, removed_at) "
                 "VALUES (?, ?, ?, ?, ?)",
                 [(f.conversation_id, f.path, f.bytes, f.modified_at, f.removed_at) for f in files],
             )
-        except BaseException:
-            db.execute("ROLLBACK")
-            raise
-        db.execute("COMMIT")
 
     def expired_file(self, conversation_id: str, path: str) -> ExpiredFile | None:
         row = (

@@ -28,23 +28,14 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from sandbox_runtime.processes import start_ticks
+
 __all__ = ["ClientProcess", "release_when_client_exits", "start_watcher"]
 
 logger = logging.getLogger(__name__)
 
 WATCH_COMMAND = "release-when-client-exits"
-_PROC = Path("/proc")
 _POLL_FALLBACK_S = 1.0  # where pidfds are missing, the client's liveness is checked this often
-
-
-def process_start(pid: int, proc: Path = _PROC) -> str | None:
-    """When a process started (clock ticks since boot, ``/proc/<pid>/stat`` field 22); None when it is gone."""
-    try:
-        stat = (proc / str(pid) / "stat").read_text()
-    except OSError:
-        return None
-    fields = stat.rpartition(")")[2].split()
-    return fields[19] if len(fields) > 19 else None
 
 
 @dataclass(frozen=True)
@@ -58,11 +49,11 @@ class ClientProcess:
     def parent(cls) -> ClientProcess:
         """This process's parent: the client of a stdio server."""
         pid = os.getppid()
-        return cls(pid, process_start(pid))
+        return cls(pid, start_ticks(pid))
 
     def alive(self) -> bool:
         """Whether the same process still runs (a pid reused by another process does not count)."""
-        return self.pid > 1 and process_start(self.pid) == self.start
+        return self.pid > 1 and start_ticks(self.pid) == self.start
 
     def wait_for_exit(self, timeout_s: float) -> bool:
         """Block until the process has exited or ``timeout_s`` passed; whether it has exited."""
@@ -141,6 +132,20 @@ def _watch_lock(state_dir: Path, conversation_id: str) -> Iterator[bool]:
         os.close(fd)
 
 
+def _still_known(state_dir: Path, conversation_id: str) -> bool:
+    """Whether the state database still knows the conversation (never made again by looking)."""
+    database = state_dir / "state.sqlite3"
+    if not database.is_file():
+        return False
+    from sandbox_runtime.state import StateDB  # noqa: PLC0415
+
+    state = StateDB(database)
+    try:
+        return state.conversation(conversation_id) is not None
+    finally:
+        state.close()
+
+
 def release_when_client_exits(
     state_dir: Path, policy: str, client: ClientProcess, conversation_id: str, *, max_wait_s: float
 ) -> bool:
@@ -151,8 +156,8 @@ def release_when_client_exits(
             return False
         if not client.wait_for_exit(max_wait_s):
             return False
-        if not (state_dir / "state.sqlite3").is_file():
-            return True  # the state directory was removed meanwhile: nothing of it is left to end
+        if not _still_known(state_dir, conversation_id):
+            return True  # the state directory or the conversation was removed meanwhile: nothing is left to end
         from sandbox_runtime.runtime import Runtime  # noqa: PLC0415  (only once there is something to end)
 
         with Runtime(state_dir, policy, sweep_on_start=False, reap_interval_s=None, retention_interval_s=None) as rt:

@@ -14,10 +14,12 @@ from pathlib import Path
 
 import pytest
 
+from sandbox_runtime.leases import LeaseRecord, lease_is_alive
 from sandbox_runtime.policy import Policy, load_policy
+from sandbox_runtime.processes import process_start
 from sandbox_runtime.runtime import Runtime
 from sandbox_runtime.sandbox.manager import Removal
-from sandbox_runtime.state import LeaseRecord, StateDB, lease_is_alive, process_start
+from sandbox_runtime.state import StateDB
 from sandbox_runtime.store.quota import loop_devices
 from tests.conftest import SESSION, TEST_LABEL, RuntimeFactory
 
@@ -120,9 +122,11 @@ def test_gc_under_another_policy_leaves_a_live_runtimes_sandbox_alone_until_it_c
         second.manager.clock = lambda: real_clock() + second.policy.sandbox.max_lifetime_s + 60
         assert container not in _ids(second.manager.reap())  # idle and old by its clock: still the holder's call
         second.manager.clock = real_clock
-        first.state.unhold_container(first.manager.lease.id, "shared")  # as between its start and its claim
+        first.state.leases.unhold_container(first.manager.lease.id, "shared")  # as between its start and its claim
         assert container not in _ids(second.gc())  # the label names the live process that started it
-        first.state.hold(first.manager.lease.id, "shared", first.policy.digest(), real_clock(), container_id=container)
+        first.state.leases.hold(
+            first.manager.lease.id, "shared", first.policy.digest(), real_clock(), container_id=container
+        )
         info = second.backend.inspect(container)
         assert info is not None
         assert info.running
@@ -147,7 +151,7 @@ def test_a_sandbox_held_by_another_process_survives_gc_until_that_process_is_kil
     status, container = _first_line(process, CHILD_START_TIMEOUT_S).split()
     assert status == "ok"
     other = runtime_factory(_smaller_memory(), state_dir=state)
-    assert process.pid in {lease.pid for lease in other.state.live_leases()}
+    assert process.pid in {lease.pid for lease in other.state.leases.live()}
     assert container not in _ids(other.gc())
     assert container not in _ids(other.manager.sweep_orphans())
     info = other.backend.inspect(container)
@@ -158,8 +162,8 @@ def test_a_sandbox_held_by_another_process_survives_gc_until_that_process_is_kil
     removed = {r.container_id: r.reason for r in other.gc()}
     assert removed[container] == "made under another policy"
     assert other.backend.inspect(container) is None
-    assert process.pid not in {lease.pid for lease in other.state.leases()}  # the dead lease is cleaned up
-    assert [h.lease_id for h in other.state.holds(conversation_id="held")] == []
+    assert process.pid not in {lease.pid for lease in other.state.leases.registered()}  # the dead lease is cleaned up
+    assert [h.lease_id for h in other.state.leases.holds(conversation_id="held")] == []
     assert _released(other, "held")
     assert other.conversation("held").run_python("print(open('/mnt/results/kept.txt').read())").stdout == "kept\n"
 
@@ -186,7 +190,7 @@ def test_two_runtimes_sharing_a_sandbox_leave_it_to_the_last_one_that_uses_it(
 
 def test_a_lease_is_alive_only_while_its_very_process_runs(tmp_path: Path) -> None:
     state = StateDB(tmp_path / "state.sqlite3")
-    mine = state.open_lease("digest")
+    mine = state.leases.open("digest")
     assert lease_is_alive(mine)
     assert mine.process_start == process_start(os.getpid())
     reused = mine.model_copy(update={"process_start": f"{mine.process_start}0"})
@@ -195,7 +199,7 @@ def test_a_lease_is_alive_only_while_its_very_process_runs(tmp_path: Path) -> No
 
     zombie = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE)
     try:
-        lease = state.open_lease("digest", pid=zombie.pid)
+        lease = state.leases.open("digest", pid=zombie.pid)
         assert lease_is_alive(lease)
         os.kill(zombie.pid, signal.SIGKILL)
         os.waitid(os.P_PID, zombie.pid, os.WEXITED | os.WNOWAIT)  # dead, not yet waited for: a zombie
@@ -207,29 +211,29 @@ def test_a_lease_is_alive_only_while_its_very_process_runs(tmp_path: Path) -> No
         zombie.stdin.close()
     assert not lease_is_alive(lease)
 
-    state.hold(lease.id, "c1", "digest", 1.0, container_id="abc")
-    state.hold(mine.id, "c1", "digest", 2.0)
-    assert [h.lease_id for h in state.live_holds("c1")] == [mine.id]  # the dead one is cleaned up on the way
-    assert lease.id not in {row.id for row in state.leases()}
-    assert state.holds(lease_id=lease.id) == []
-    state.close_lease(mine.id)
-    assert state.leases() == []
-    assert state.holds(conversation_id="c1") == []
+    state.leases.hold(lease.id, "c1", "digest", 1.0, container_id="abc")
+    state.leases.hold(mine.id, "c1", "digest", 2.0)
+    assert [h.lease_id for h in state.leases.live_holds("c1")] == [mine.id]  # the dead one is cleaned up on the way
+    assert lease.id not in {row.id for row in state.leases.registered()}
+    assert state.leases.holds(lease_id=lease.id) == []
+    state.leases.close(mine.id)
+    assert state.leases.registered() == []
+    assert state.leases.holds(conversation_id="c1") == []
 
 
 def test_a_hold_keeps_its_container_and_last_use_across_a_short_look(tmp_path: Path) -> None:
     state = StateDB(tmp_path / "state.sqlite3")
-    lease = state.open_lease("digest")
-    state.hold(lease.id, "c1", "digest", 10.0, use=False)
-    assert state.holds(lease_id=lease.id)[0].used_at == 0.0  # a look alone is no use
-    state.hold(lease.id, "c1", "digest", 20.0, container_id="abc")
-    state.hold(lease.id, "c1", "digest", 30.0, use=False)
-    (held,) = state.holds(lease_id=lease.id)
+    lease = state.leases.open("digest")
+    state.leases.hold(lease.id, "c1", "digest", 10.0, use=False)
+    assert state.leases.holds(lease_id=lease.id)[0].used_at == 0.0  # a look alone is no use
+    state.leases.hold(lease.id, "c1", "digest", 20.0, container_id="abc")
+    state.leases.hold(lease.id, "c1", "digest", 30.0, use=False)
+    (held,) = state.leases.holds(lease_id=lease.id)
     assert (held.container_id, held.used_at) == ("abc", 20.0)
     state.ensure_conversation("c1", "measured", 1024)
     state.record_sandbox("abc", "c1", 20.0)
     state.mark_removed("abc", "closed")
-    assert state.holds(lease_id=lease.id)[0].container_id is None  # a removed container is nobody's any more
+    assert state.leases.holds(lease_id=lease.id)[0].container_id is None  # a removed container is nobody's any more
     assert state.sandbox("abc").removed_reason == "closed"  # type: ignore[union-attr]
 
 
@@ -244,9 +248,9 @@ def test_a_database_from_before_leases_is_migrated_when_opened(tmp_path: Path) -
     reopened = StateDB(path)
     assert [c.id for c in reopened.conversations()] == ["from-before"]
     assert [s.container_id for s in reopened.live_sandboxes()] == ["c0ffee"]
-    lease = reopened.open_lease("digest")
-    reopened.hold(lease.id, "from-before", "digest", 5.0, container_id="c0ffee")
-    assert [h.container_id for h in reopened.live_holds("from-before")] == ["c0ffee"]
-    assert isinstance(reopened.leases()[0], LeaseRecord)
+    lease = reopened.leases.open("digest")
+    reopened.leases.hold(lease.id, "from-before", "digest", 5.0, container_id="c0ffee")
+    assert [h.container_id for h in reopened.leases.live_holds("from-before")] == ["c0ffee"]
+    assert isinstance(reopened.leases.registered()[0], LeaseRecord)
     reopened.forget_conversation("from-before")
-    assert reopened.holds(conversation_id="from-before") == []
+    assert reopened.leases.holds(conversation_id="from-before") == []

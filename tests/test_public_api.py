@@ -21,6 +21,9 @@ def test_the_public_names_are_exactly_all() -> None:
         "spill",
         "store",
         "state",
+        "leases",
+        "processes",
+        "records",
         "dispatch",
         "calls",
         "control",
@@ -32,6 +35,7 @@ def test_the_public_names_are_exactly_all() -> None:
         "demo",
         "cli",
         "cli_serve",
+        "stdio_client",
     }
     assert public - modules == set(sandbox_runtime.__all__)
 

@@ -23,8 +23,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from sandbox_runtime.calls import ToolOutcome
 from sandbox_runtime.mcp.resources import attachment_uri, mime_type, result_uri
+from sandbox_runtime.records import Attachment
 from sandbox_runtime.spill.spiller import ResultDescriptor
-from sandbox_runtime.state import Attachment
 from sandbox_runtime.tools.base import ToolSpec
 from sandbox_runtime.tools.run_python import RunStatus
 

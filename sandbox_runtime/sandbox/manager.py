@@ -7,29 +7,15 @@
 * Before the first sandbox of a process starts, the self-check runs; when it fails, no sandbox ever starts.
 
 Several processes may share a state directory (``serve``, a host application, a cron'd ``gc``), each under its
-own policy. Each manager registers a lease in the state database and *holds* the conversations it uses (and the
-sandbox it started or re-attached for one). The rule:
-
-* a container another live process holds is never removed here, whatever its policy, age or idleness: that
-  process decides (it reaps its own idle sandboxes). "Made under another policy" is a removal reason only for a
-  container no live process holds. When two live processes hold one sandbox, one that stopped using it lets go
-  of its claim, and the last one reaps it.
-* a conversation's quota volume is mounted only while it is in use: when its sandbox is reaped, closed or swept
-  as an orphan (and this process has not used its folders within ``idle_timeout_s``), the volume is unmounted and
-  its loop device detached, unless a sandbox still runs on it, another live process holds it, or it is busy
-  (then it stays mounted and this is logged). The next use mounts it again.
-
-Taking a hold and mounting, and checking the holds before a removal or an unmount, are each done under one lock
-per state directory (``STATE_DIR/mounts.lock``, ``flock``), so a check never races another process's claim.
+own policy: each manager registers a lease and *holds* the conversations it uses, and never removes a sandbox
+another live process holds (:mod:`~sandbox_runtime.sandbox.holds`); a quota volume is mounted only while it is
+in use (:mod:`~sandbox_runtime.sandbox.volumes`).
 """
 
 from __future__ import annotations
 
 import contextlib
-import errno
-import fcntl
 import logging
-import os
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -37,9 +23,11 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict
 
-from sandbox_runtime.errors import ImageError, QuotaError, SandboxError, SelfCheckFailed
+from sandbox_runtime.errors import ImageError, SandboxError, SelfCheckFailed
+from sandbox_runtime.leases import HoldRecord, LeaseRecord
 from sandbox_runtime.policy import Policy
 from sandbox_runtime.sandbox.backend import ContainerInfo, ContainerSpec, SandboxBackend
+from sandbox_runtime.sandbox.holds import LABEL_LEASE, HostLock, held_elsewhere, own_hold
 from sandbox_runtime.sandbox.profile import (
     LABEL_CONVERSATION,
     LABEL_CREATED_AT,
@@ -49,9 +37,9 @@ from sandbox_runtime.sandbox.profile import (
     container_spec,
 )
 from sandbox_runtime.sandbox.selfcheck import SelfCheckReport, run_self_check
-from sandbox_runtime.state import HoldRecord, LeaseRecord, StateDB
-from sandbox_runtime.store.folders import ConversationFolders, ConversationStore, validate_conversation_id
-from sandbox_runtime.store.quota import attached_loop_images, release_loop_quota
+from sandbox_runtime.sandbox.volumes import QuotaVolumes, release_orphan_volume
+from sandbox_runtime.state import StateDB
+from sandbox_runtime.store.folders import ConversationFolders, ConversationStore
 
 __all__ = ["Removal", "Sandbox", "SandboxManager"]
 
@@ -60,9 +48,6 @@ logger = logging.getLogger(__name__)
 CANARY_CONVERSATION = "_canary"  # a label value no conversation id can take (ids start with a letter or digit)
 _CANARY_QUOTA_BYTES = 16 * 1024 * 1024
 _CANARY_MAX_AGE_S = 300  # a canary lives for seconds; an older one was left by a killed process
-_HOST_LOCK_WAIT_S = 300.0  # held for a check or a mount (mkfs and mount: 60 s each at most); longer: a stuck holder
-_USING_STATES = frozenset({"running", "paused", "restarting", "removing"})  # a container that may have the folder
-LABEL_LEASE = "io.sandbox-runtime.lease"  # the lease of the process that started the container
 
 
 class Sandbox(BaseModel):
@@ -84,54 +69,6 @@ class Removal(BaseModel):
     container_id: str
     conversation_id: str | None
     reason: str
-
-
-class _HostLock:
-    """One lock per state directory, over the threads of this process (an RLock: re-entrant) and the processes
-    of this host (``flock`` on a file beside the state database). Every wait is bounded."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self._local = threading.RLock()
-        self._depth = 0
-        self._fd: int | None = None
-
-    @contextlib.contextmanager
-    def __call__(self) -> Iterator[None]:
-        if not self._local.acquire(timeout=_HOST_LOCK_WAIT_S):
-            raise SandboxError(f"{self.path} stayed locked by another thread for {_HOST_LOCK_WAIT_S:g} s")
-        try:
-            if self._depth == 0:
-                self._fd = self._lock_file()
-            self._depth += 1
-            try:
-                yield
-            finally:
-                self._depth -= 1
-                if self._depth == 0 and self._fd is not None:
-                    os.close(self._fd)  # closing the descriptor releases the flock
-                    self._fd = None
-        finally:
-            self._local.release()
-
-    def _lock_file(self) -> int:
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-        deadline = time.monotonic() + _HOST_LOCK_WAIT_S
-        pause = 0.001
-        while True:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                return fd
-            except OSError as exc:
-                if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN) or time.monotonic() >= deadline:
-                    os.close(fd)
-                    if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
-                        raise SandboxError(
-                            f"{self.path} stayed locked by another process for {_HOST_LOCK_WAIT_S:g} s"
-                        ) from exc
-                    raise
-            time.sleep(pause)  # another process mounts or checks right now (milliseconds): a bounded wait
-            pause = min(pause * 2, 0.05)
 
 
 class SandboxManager:
@@ -159,15 +96,24 @@ class SandboxManager:
         self._digest = policy.digest()
         self._locks: dict[str, threading.RLock] = {}
         self._locks_guard = threading.Lock()
-        self._host_lock = _HostLock(Path(store.state_dir) / "mounts.lock")
-        self._looking: dict[str, int] = {}  # conversations whose folders a short look (borrowed) reads right now
+        self._host_lock = HostLock(Path(store.state_dir) / "mounts.lock")
         self._self_check: SelfCheckReport | None = None
         self._known: dict[str, Sandbox] = {}
-        self.lease: LeaseRecord = state.open_lease(self._digest)
+        self.lease: LeaseRecord = state.leases.open(self._digest)
+        self.volumes = QuotaVolumes(
+            backend=backend,
+            store=store,
+            state=state,
+            host_lock=self._host_lock,
+            lease_id=self.lease.id,
+            state_dir_label=self.state_dir_label,
+            lock=self.lock,
+            forget=self.forget,
+        )
 
     def end_lease(self) -> None:
         """Drop this process's lease and holds (at close): its sandboxes and mounts stay for the next start."""
-        self.state.close_lease(self.lease.id)
+        self.state.leases.close(self.lease.id)
         self._known.clear()
 
     # locking ------------------------------------------------------------------------------------------
@@ -229,7 +175,7 @@ class SandboxManager:
             record = self.state.conversation(conversation_id)
             mode = self.store.quota_mode if record is None else record.quota_mode
             folders = self.store.folders(conversation_id, quota_mode=mode)  # type: ignore[arg-type]
-            self.state.hold(self.lease.id, conversation_id, self._digest, self.clock(), use=use)
+            self.state.leases.hold(self.lease.id, conversation_id, self._digest, self.clock(), use=use)
             self.store.prepare(folders)
             self.state.ensure_conversation(conversation_id, folders.quota_mode, folders.quota_bytes)
             return folders
@@ -239,26 +185,11 @@ class SandboxManager:
         """The conversation's folders for a short look (its disk use, retention): mounted for the look when they
         were not, and released again afterwards when nothing uses them (no sandbox, no use by this or another
         process)."""
-        with self._locks_guard:
-            self._looking[conversation_id] = self._looking.get(conversation_id, 0) + 1
         try:
-            try:
+            with self.volumes.looking(conversation_id):
                 yield self.folders(conversation_id, use=False)
-            finally:
-                with self._locks_guard:
-                    left = self._looking[conversation_id] - 1
-                    if left:
-                        self._looking[conversation_id] = left
-                    else:
-                        del self._looking[conversation_id]
         finally:
-            lock = self.lock(conversation_id)
-            if lock.acquire(blocking=False):  # else in use in this process right now: the reaper sees to it later
-                try:
-                    idle_before = self.clock() - self.policy.sandbox.idle_timeout_s
-                    self._release_volume(conversation_id, used_before=idle_before)
-                finally:
-                    lock.release()
+            self.volumes.release_if_free(conversation_id, used_before=self._idle_before(self.clock()))
 
     def get_or_create(self, conversation_id: str) -> Sandbox:
         """The conversation's running sandbox, re-attached by label when one exists, else a new one."""
@@ -286,7 +217,7 @@ class SandboxManager:
                 LABEL_LEASE: self.lease.id,  # held from its first moment, before the hold names it
             }
             info = self.backend.create_and_start(self._spec(folders, labels))
-            self.state.hold(self.lease.id, conversation_id, self._digest, now, container_id=info.id)
+            self.state.leases.hold(self.lease.id, conversation_id, self._digest, now, container_id=info.id)
             if info.warnings:
                 self._remove(info, "the engine could not apply the profile")
                 raise SelfCheckFailed(f"the engine could not apply the profile: {'; '.join(info.warnings)}")
@@ -314,14 +245,14 @@ class SandboxManager:
                 key=lambda c: float(c.labels.get(LABEL_CREATED_AT, 0)),
                 reverse=True,
             )
-            holds = self.state.live_holds(conversation_id)
+            holds = self.state.leases.live_holds(conversation_id)
             for info in found:
                 reason = self._unusable_reason(info, now)
                 if reason is None and keep is None:
                     keep = info
-                    self.state.hold(self.lease.id, conversation_id, self._digest, now, container_id=info.id)
+                    self.state.leases.hold(self.lease.id, conversation_id, self._digest, now, container_id=info.id)
                     continue
-                holder = self._held_elsewhere(info, holds)
+                holder = held_elsewhere(info, holds, self.lease.id)
                 if holder is not None:
                     if info.running and foreign is None:
                         foreign = (info, holder, reason or "a second sandbox of the conversation")
@@ -353,18 +284,6 @@ class SandboxManager:
             return f"removed before ({record.removed_reason}) but still there"
         return None
 
-    def _held_elsewhere(self, info: ContainerInfo, holds: list[HoldRecord]) -> HoldRecord | None:
-        """The hold by which another live process claims this container (``holds``: its conversation's live
-        holds): one naming it, or that of the process that started it and has not named it yet (between the
-        start and the claim)."""
-        maker = info.labels.get(LABEL_LEASE)
-        for hold in holds:
-            if hold.lease_id == self.lease.id:
-                continue
-            if hold.container_id == info.id or (hold.container_id is None and hold.lease_id == maker):
-                return hold
-        return None
-
     def _remember(self, sandbox: Sandbox) -> Sandbox:
         self._known[sandbox.conversation_id] = sandbox
         return sandbox
@@ -390,7 +309,7 @@ class SandboxManager:
     def touch(self, sandbox: Sandbox) -> None:
         now = self.clock()
         self.state.touch_sandbox(sandbox.container_id, now)
-        self.state.touch_hold(self.lease.id, sandbox.conversation_id, now)
+        self.state.leases.touch_hold(self.lease.id, sandbox.conversation_id, now)
 
     def discard(self, sandbox: Sandbox, reason: str) -> None:
         """Remove a sandbox that can no longer be trusted to work; the next use starts a fresh one."""
@@ -410,96 +329,9 @@ class SandboxManager:
             removed = [
                 self._remove(info, "closed") for info in self.backend.list_containers(self._labels(conversation_id))
             ]
-            if not self._release_volume(conversation_id):
-                self.state.touch_hold(self.lease.id, conversation_id, 0.0)  # done with it: the next gc releases it
+            if not self.volumes.release(conversation_id):  # done with it: the next gc releases it
+                self.state.leases.touch_hold(self.lease.id, conversation_id, 0.0)
         return bool(removed)
-
-    # quota volumes ------------------------------------------------------------------------------------
-    def _using_containers(self, conversation_id: str) -> list[ContainerInfo]:
-        """Containers of this state directory (whatever their other labels) that may have the folder mounted."""
-        labels = {LABEL_RUNTIME: "1", LABEL_STATE_DIR: self.state_dir_label, LABEL_CONVERSATION: conversation_id}
-        return [c for c in self.backend.list_containers(labels) if c.status in _USING_STATES]
-
-    def _release_volume(self, conversation_id: str, *, used_before: float | None = None) -> bool:
-        """Unmount the conversation's quota volume and drop this process's hold; the caller holds the
-        conversation's lock. Nothing happens while a sandbox runs on it, a look reads it, another live process
-        holds it (this process's hold is dropped: the last holder releases it), this process used it after
-        ``used_before``, or it is busy (logged). True when released."""
-        record = self.state.conversation(conversation_id)
-        if record is None:
-            self.state.drop_hold(self.lease.id, conversation_id)
-            return False
-        folders = self.store.folders(conversation_id, quota_mode=record.quota_mode)  # type: ignore[arg-type]
-        with self._host_lock():
-            if self._volume_in_use(conversation_id, used_before):
-                return False
-            try:
-                released = self.store.release(folders)
-            except QuotaError as exc:
-                logger.warning("could not release the quota volume of %s: %s", conversation_id, exc)
-                return False
-            if released:
-                self.state.drop_hold(self.lease.id, conversation_id)
-                self.forget(conversation_id)
-            return released
-
-    def _volume_in_use(self, conversation_id: str, used_before: float | None) -> bool:
-        """Whether the volume must stay mounted; under the state directory's lock."""
-        with self._locks_guard:
-            if self._looking.get(conversation_id):
-                return True
-        holds = self.state.live_holds(conversation_id)
-        mine = next((h for h in holds if h.lease_id == self.lease.id), None)
-        if used_before is not None and mine is not None and mine.used_at > used_before:
-            return True  # used lately: stays mounted until it is idle
-        if self._using_containers(conversation_id):
-            return True  # a sandbox has it mounted (this process's hold, if any, stays with it)
-        if any(h.lease_id != self.lease.id for h in holds):
-            self.state.drop_hold(self.lease.id, conversation_id)  # the last live holder releases it
-            return True
-        return False
-
-    def release_unused_volumes(self) -> list[str]:
-        """Release the mounted quota volumes of this state directory's conversations that no sandbox uses, no
-        other live process holds and this process has not used within ``idle_timeout_s`` (e.g. after a crash);
-        returns the conversations released."""
-        now = self.clock()
-        using = {
-            c.labels.get(LABEL_CONVERSATION)
-            for c in self.backend.list_containers({LABEL_RUNTIME: "1", LABEL_STATE_DIR: self.state_dir_label})
-            if c.status in _USING_STATES
-        }
-        attached = attached_loop_images()
-        released = []
-        for record in self.state.conversations():
-            if record.quota_mode != "loop" or record.id in using:
-                continue
-            folders = self.store.folders(record.id, quota_mode="loop")
-            if not os.path.ismount(folders.results) and os.path.realpath(folders.volume) not in attached:
-                continue
-            lock = self.lock(record.id)
-            if not lock.acquire(blocking=False):
-                continue  # in use right now
-            try:
-                if self._release_volume(record.id, used_before=now - self.policy.sandbox.idle_timeout_s):
-                    released.append(record.id)
-            finally:
-                lock.release()
-        return released
-
-    def _release_orphan_volume(self, state_dir: str, conversation_id: str | None) -> None:
-        """Best effort, for a container swept because its state directory is gone: unmount its volume when it
-        is still mounted there (only ever that image's loop device)."""
-        if not conversation_id or not Path(state_dir).is_absolute():
-            return
-        try:
-            validate_conversation_id(conversation_id)
-            root = Path(state_dir)
-            mountpoint = root / "conversations" / conversation_id / "results"
-            if os.path.ismount(mountpoint):
-                release_loop_quota(root / "volumes" / f"{conversation_id}.ext4", mountpoint)
-        except (QuotaError, SandboxError) as exc:
-            logger.warning("could not release the volume of orphan %s in %s: %s", conversation_id, state_dir, exc)
 
     # reaping ------------------------------------------------------------------------------------------
     def reap(self) -> list[Removal]:
@@ -521,21 +353,25 @@ class SandboxManager:
                         self.state.mark_removed(info.id, reason)
                 if reason is not None:
                     removals.append(self._finish_removal(info, reason))
-                    self._release_volume(conversation, used_before=now - self.policy.sandbox.idle_timeout_s)
+                    self.volumes.release(conversation, used_before=self._idle_before(now))
             finally:
                 lock.release()
-        self._release_idle_holds(now)
+        self.volumes.release_idle_holds(self._idle_before(now))
         return removals
+
+    def _idle_before(self, now: float) -> float:
+        """Uses before this time are older than ``idle_timeout_s``."""
+        return now - self.policy.sandbox.idle_timeout_s
 
     def _reap_reason(self, info: ContainerInfo, now: float) -> str | None:
         """Why the container goes (None: it stays); under the state directory's lock."""
         conversation = info.labels.get(LABEL_CONVERSATION, "")
-        holds = self.state.live_holds(conversation) if conversation else []
+        holds = self.state.leases.live_holds(conversation) if conversation else []
         idle_timeout = self.policy.sandbox.idle_timeout_s
-        if self._held_elsewhere(info, holds) is not None:
-            mine = next((h for h in holds if h.lease_id == self.lease.id), None)
+        if held_elsewhere(info, holds, self.lease.id) is not None:
+            mine = own_hold(holds, self.lease.id)
             if mine is not None and now - mine.used_at > idle_timeout:
-                self.state.drop_hold(self.lease.id, conversation)  # shared, and unused here: the last one reaps
+                self.state.leases.drop_hold(self.lease.id, conversation)  # shared, and unused here: the last one reaps
                 self.forget(conversation)
             return None  # another live process uses it: its decision
         reason = self._unusable_reason(info, now)
@@ -547,33 +383,10 @@ class SandboxManager:
             return f"idle longer than idle_timeout_s={idle_timeout}"
         return None
 
-    def _release_idle_holds(self, now: float) -> None:
-        """Release the volumes of conversations this process holds without a running sandbox and has not used
-        within ``idle_timeout_s``."""
-        idle_before = now - self.policy.sandbox.idle_timeout_s
-        holds = [h for h in self.state.holds(lease_id=self.lease.id) if h.used_at <= idle_before]
-        if not holds:
-            return
-        using = {
-            c.id
-            for c in self.backend.list_containers({LABEL_RUNTIME: "1", LABEL_STATE_DIR: self.state_dir_label})
-            if c.status in _USING_STATES
-        }
-        for hold in holds:
-            if hold.container_id is not None and hold.container_id in using:
-                continue  # its sandbox runs; reaped (and then released) when idle
-            lock = self.lock(hold.conversation_id)
-            if not lock.acquire(blocking=False):
-                continue
-            try:
-                self._release_volume(hold.conversation_id, used_before=idle_before)
-            finally:
-                lock.release()
-
     def sweep_orphans(self) -> list[Removal]:
         """Remove containers with our labels that no runtime owns: their state directory or conversation is gone,
         or they carry no conversation at all (a canary left by a killed process); then reap, and release the
-        volumes nothing uses (see :meth:`release_unused_volumes`)."""
+        volumes nothing uses (see :meth:`QuotaVolumes.release_unused`)."""
         removals: list[Removal] = []
         for info in self.backend.list_containers({LABEL_RUNTIME: "1"}):
             state_dir = info.labels.get(LABEL_STATE_DIR)
@@ -581,7 +394,7 @@ class SandboxManager:
             if state_dir != self.state_dir_label:
                 if state_dir and not Path(state_dir, "state.sqlite3").exists():
                     removals.append(self._remove(info, "orphan: its state directory is gone"))
-                    self._release_orphan_volume(state_dir, conversation)
+                    release_orphan_volume(state_dir, conversation)
                 continue
             age_s = self.clock() - float(info.labels.get(LABEL_CREATED_AT, 0))
             if not conversation or (conversation == CANARY_CONVERSATION and age_s > _CANARY_MAX_AGE_S):
@@ -591,7 +404,7 @@ class SandboxManager:
                 if removal is not None:
                     removals.append(removal)
         removals += self.reap()
-        self.release_unused_volumes()
+        self.volumes.release_unused(self._idle_before(self.clock()))
         return removals
 
     def _remove_unknown(self, info: ContainerInfo, conversation: str) -> Removal | None:
@@ -603,16 +416,11 @@ class SandboxManager:
             return None
         try:
             with self._host_lock():
-                if self._held_elsewhere(info, self.state.live_holds(conversation)) is not None:
+                if held_elsewhere(info, self.state.leases.live_holds(conversation), self.lease.id) is not None:
                     return None
                 self.state.mark_removed(info.id, reason)
             removal = self._finish_removal(info, reason)
-            with self._host_lock():
-                if self.store.quota_mode == "loop" and not self._volume_in_use(conversation, None):
-                    try:
-                        self.store.release(self.store.folders(conversation, quota_mode="loop"))
-                    except (QuotaError, ValueError) as exc:
-                        logger.warning("could not release the volume of orphan %s: %s", conversation, exc)
+            self.volumes.release_unrecorded(conversation)
             return removal
         finally:
             lock.release()

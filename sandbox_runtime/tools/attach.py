@@ -20,7 +20,7 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, Field
 
 from sandbox_runtime.errors import FileTooLarge, InvalidToolArguments
-from sandbox_runtime.state import Attachment
+from sandbox_runtime.records import Attachment
 from sandbox_runtime.store.safe_paths import ResultsRoot
 
 __all__ = ["ATTACH_FILE_DESCRIPTION", "AttachFileArgs", "Attachment", "attach_file"]

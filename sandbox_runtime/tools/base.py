@@ -20,9 +20,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from sandbox_runtime.control import CallControl
 from sandbox_runtime.errors import InvalidToolArguments, PathExpired, PathNotFound, PathRejected
 from sandbox_runtime.policy import Policy
+from sandbox_runtime.records import Attachment, ExpiredFile
 from sandbox_runtime.sandbox.manager import SandboxManager
 from sandbox_runtime.spill.spiller import ResultDescriptor
-from sandbox_runtime.state import Attachment, ExpiredFile
 from sandbox_runtime.store.safe_paths import ResultsRoot
 
 __all__ = [

@@ -1,0 +1,177 @@
+"""Quota volumes are mounted only while in use.
+
+When a conversation's sandbox is reaped, closed or swept as an orphan (and this process has not used its folders
+within ``idle_timeout_s``), its volume is unmounted and its loop device detached, unless a sandbox still runs on
+it, a short look reads it, another live process holds it, or it is busy (then it stays mounted and this is
+logged). The next use mounts it again. Every check and unmount runs under the state directory's
+:class:`~sandbox_runtime.sandbox.holds.HostLock`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+import os
+import threading
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+from sandbox_runtime.errors import QuotaError, SandboxError
+from sandbox_runtime.sandbox.backend import ContainerInfo, SandboxBackend
+from sandbox_runtime.sandbox.holds import HostLock, own_hold
+from sandbox_runtime.sandbox.profile import LABEL_CONVERSATION, LABEL_RUNTIME, LABEL_STATE_DIR
+from sandbox_runtime.state import StateDB
+from sandbox_runtime.store.folders import ConversationStore, validate_conversation_id
+from sandbox_runtime.store.quota import attached_loop_images, release_loop_quota
+
+__all__ = ["QuotaVolumes", "release_orphan_volume"]
+
+logger = logging.getLogger(__name__)
+
+_USING_STATES = frozenset({"running", "paused", "restarting", "removing"})  # a container that may have the folder
+
+
+@dataclasses.dataclass(eq=False, kw_only=True)
+class QuotaVolumes:
+    """Releases the quota volumes of one state directory for one process (its lease); ``lock`` gives a
+    conversation's lock in this process, ``forget`` drops what the process knows of its sandbox."""
+
+    backend: SandboxBackend
+    store: ConversationStore
+    state: StateDB
+    host_lock: HostLock
+    lease_id: str
+    state_dir_label: str
+    lock: Callable[[str], threading.RLock]
+    forget: Callable[[str], None]
+    # conversation id: how many short looks read its folders right now
+    _looking: dict[str, int] = dataclasses.field(default_factory=dict, init=False)
+    _looking_guard: threading.Lock = dataclasses.field(default_factory=threading.Lock, init=False)
+
+    @contextlib.contextmanager
+    def looking(self, conversation_id: str) -> Iterator[None]:
+        """While the block runs, a short look reads the conversation's folders: its volume stays mounted."""
+        with self._looking_guard:
+            self._looking[conversation_id] = self._looking.get(conversation_id, 0) + 1
+        try:
+            yield
+        finally:
+            with self._looking_guard:
+                left = self._looking[conversation_id] - 1
+                if left:
+                    self._looking[conversation_id] = left
+                else:
+                    del self._looking[conversation_id]
+
+    def _using_containers(self, conversation_id: str | None = None) -> list[ContainerInfo]:
+        """Containers of this state directory (of one conversation, whatever their other labels) that may have
+        their folder mounted."""
+        labels = {LABEL_RUNTIME: "1", LABEL_STATE_DIR: self.state_dir_label}
+        if conversation_id is not None:
+            labels[LABEL_CONVERSATION] = conversation_id
+        return [c for c in self.backend.list_containers(labels) if c.status in _USING_STATES]
+
+    def release(self, conversation_id: str, *, used_before: float | None = None) -> bool:
+        """Unmount the conversation's quota volume and drop this process's hold; the caller holds the
+        conversation's lock. Nothing happens while :meth:`_in_use` (this process's hold is dropped when another
+        live process holds it: the last holder releases it) or while it is busy (logged). True when released."""
+        record = self.state.conversation(conversation_id)
+        if record is None:
+            self.state.leases.drop_hold(self.lease_id, conversation_id)
+            return False
+        folders = self.store.folders(conversation_id, quota_mode=record.quota_mode)  # type: ignore[arg-type]
+        with self.host_lock():
+            if self._in_use(conversation_id, used_before):
+                return False
+            try:
+                released = self.store.release(folders)
+            except QuotaError as exc:
+                logger.warning("could not release the quota volume of %s: %s", conversation_id, exc)
+                return False
+            if released:
+                self.state.leases.drop_hold(self.lease_id, conversation_id)
+                self.forget(conversation_id)
+            return released
+
+    def release_if_free(self, conversation_id: str, *, used_before: float) -> bool:
+        """:meth:`release`, unless the conversation is in use in this process right now (its lock is taken: the
+        reaper sees to it later)."""
+        lock = self.lock(conversation_id)
+        if not lock.acquire(blocking=False):
+            return False
+        try:
+            return self.release(conversation_id, used_before=used_before)
+        finally:
+            lock.release()
+
+    def _in_use(self, conversation_id: str, used_before: float | None) -> bool:
+        """Whether the volume must stay mounted: a look reads it, this process used it after ``used_before``, a
+        sandbox has it mounted, or another live process holds it; under the state directory's lock."""
+        with self._looking_guard:
+            if self._looking.get(conversation_id):
+                return True
+        holds = self.state.leases.live_holds(conversation_id)
+        mine = own_hold(holds, self.lease_id)
+        if used_before is not None and mine is not None and mine.used_at > used_before:
+            return True  # used lately: stays mounted until it is idle
+        if self._using_containers(conversation_id):
+            return True  # a sandbox has it mounted (this process's hold, if any, stays with it)
+        if any(h.lease_id != self.lease_id for h in holds):
+            self.state.leases.drop_hold(self.lease_id, conversation_id)  # the last live holder releases it
+            return True
+        return False
+
+    def release_unused(self, idle_before: float) -> list[str]:
+        """Release the mounted loop volumes of this state directory's conversations that no sandbox uses, no
+        other live process holds and this process has not used after ``idle_before`` (e.g. after a crash);
+        returns the conversations released."""
+        using = {c.labels.get(LABEL_CONVERSATION) for c in self._using_containers()}
+        attached = attached_loop_images()
+        released = []
+        for record in self.state.conversations():
+            if record.quota_mode != "loop" or record.id in using:
+                continue
+            folders = self.store.folders(record.id, quota_mode="loop")
+            if not os.path.ismount(folders.results) and os.path.realpath(folders.volume) not in attached:
+                continue
+            if self.release_if_free(record.id, used_before=idle_before):
+                released.append(record.id)
+        return released
+
+    def release_idle_holds(self, idle_before: float) -> None:
+        """Release the volumes of conversations this process holds without a running sandbox and has not used
+        after ``idle_before``."""
+        holds = [h for h in self.state.leases.holds(lease_id=self.lease_id) if h.used_at <= idle_before]
+        if not holds:
+            return
+        using = {c.id for c in self._using_containers()}
+        for hold in holds:
+            if hold.container_id is not None and hold.container_id in using:
+                continue  # its sandbox runs; reaped (and then released) when idle
+            self.release_if_free(hold.conversation_id, used_before=idle_before)
+
+    def release_unrecorded(self, conversation_id: str) -> None:
+        """Release the loop volume of a conversation the state database does not know (its sandbox was just
+        removed), unless it is in use; the caller holds the conversation's lock."""
+        with self.host_lock():
+            if self.store.quota_mode == "loop" and not self._in_use(conversation_id, None):
+                try:
+                    self.store.release(self.store.folders(conversation_id, quota_mode="loop"))
+                except (QuotaError, ValueError) as exc:
+                    logger.warning("could not release the volume of orphan %s: %s", conversation_id, exc)
+
+
+def release_orphan_volume(state_dir: str, conversation_id: str | None) -> None:
+    """Best effort, for a container swept because its state directory is gone: unmount its volume when it is
+    still mounted there (only ever that image's loop device)."""
+    if not conversation_id or not Path(state_dir).is_absolute():
+        return
+    try:
+        validate_conversation_id(conversation_id)
+        root = Path(state_dir)
+        mountpoint = root / "conversations" / conversation_id / "results"
+        if os.path.ismount(mountpoint):
+            release_loop_quota(root / "volumes" / f"{conversation_id}.ext4", mountpoint)
+    except (QuotaError, SandboxError) as exc:
+        logger.warning("could not release the volume of orphan %s in %s: %s", conversation_id, state_dir, exc)
