@@ -143,9 +143,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
         if listener is None:
             serve_stdio(service)
             if client.alive():  # the session ended, not (yet) the client: a watcher ends the sandbox after it
-                start_watcher(runtime.state_dir, args.policy, client, service.process_conversation)
+                start_watcher(runtime.state_dir, args.policy, client, service.default_conversation)
             else:
-                _close_process_conversation(runtime, service.process_conversation)
+                _close_default_conversation(runtime, service.default_conversation)
         else:
             serve_http(
                 service,
@@ -158,7 +158,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     return 0
 
 
-def _close_process_conversation(runtime: Any, conversation_id: str) -> None:
+def _close_default_conversation(runtime: Any, conversation_id: str) -> None:
     """The stdio client has exited: end its default conversation's sandbox (the folders stay for a later start).
 
     A failure is logged, never raised: the server is on its way out anyway. A client that gives up waiting sends

@@ -4,7 +4,15 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict
 
-__all__ = ["Attachment", "CallRecord", "ConversationRecord", "ExpiredFile", "SandboxRecord", "StoredResult"]
+__all__ = [
+    "Attachment",
+    "AttachmentCard",
+    "CallRecord",
+    "ConversationRecord",
+    "ExpiredFile",
+    "SandboxRecord",
+    "StoredResult",
+]
 
 
 class ConversationRecord(BaseModel):
@@ -70,8 +78,8 @@ class CallRecord(BaseModel):
     error_path: str | None
 
 
-class Attachment(BaseModel):
-    """A file handed to the user as a download: the card a host renders."""
+class AttachmentCard(BaseModel):
+    """A file handed to the user as a download: the card a host (or an MCP client) renders."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -80,6 +88,11 @@ class Attachment(BaseModel):
     bytes: int
     mime_type: str
     sha256: str
+
+
+class Attachment(AttachmentCard):
+    """An attachment as the runtime records it: the card, and where the file came from and lies."""
+
     source: str  # the sandbox path it was copied from
     host_path: str  # where the copy is on the host (outputs/)
 

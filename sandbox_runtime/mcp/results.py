@@ -23,7 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from sandbox_runtime.calls import ToolOutcome
 from sandbox_runtime.mcp.resources import attachment_uri, mime_type, result_uri
-from sandbox_runtime.records import Attachment
+from sandbox_runtime.records import Attachment, AttachmentCard
 from sandbox_runtime.spill.spiller import ResultDescriptor
 from sandbox_runtime.tools.base import ToolSpec
 from sandbox_runtime.tools.run_python import RunStatus
@@ -83,16 +83,6 @@ class FileWriteOutput(ToolResult):
 class RenderTableOutput(ToolResult):
     rows: int | None = None
     columns: list[str] | None = None
-
-
-class AttachmentCard(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    attachment_id: str
-    filename: str
-    bytes: int
-    mime_type: str
-    sha256: str
 
 
 class AttachFileOutput(ToolResult):

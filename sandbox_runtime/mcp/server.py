@@ -101,7 +101,7 @@ class McpService:
         env = os.environ if environ is None else environ
         token = env.get(runtime.policy.mcp.token_variable) or None
         # the conversation of every request that names none (see the module text)
-        self.process_conversation = validate_conversation_id(conversation or default_conversation(transport, token))
+        self.default_conversation = validate_conversation_id(conversation or default_conversation(transport, token))
         self.gate = TurnGate(runtime.dispatcher, wait_s=_TURN_WAIT_S)
         self.server: Server[Any] = Server(
             name,
@@ -129,7 +129,7 @@ class McpService:
             raise MCPError(code=types.INVALID_PARAMS, message=f"Unknown tool: {params.name}; the tools are: {known}")
         meta = dict(ctx.meta or {})
         try:
-            conversation = self.conversation_of(ctx, meta)
+            conversation = self.conversation_of(meta)
             call_id = meta.get(META_CALL_ID)
             turn = meta.get(META_TURN)
             item = ToolCall(
@@ -160,12 +160,12 @@ class McpService:
         mount = self.runtime.policy.sandbox.results_mount_path
         return types.CallToolResult.model_validate(call_result(outcome, conversation, mount, turn_id=report.turn_id))
 
-    def conversation_of(self, ctx: ServerRequestContext[Any], meta: dict[str, Any]) -> str:
+    def conversation_of(self, meta: dict[str, Any]) -> str:
         """The conversation a request belongs to (see the module text)."""
         named = meta.get(META_CONVERSATION)
         if named is not None:
             return validate_conversation_id(named)
-        return self.process_conversation
+        return self.default_conversation
 
     def _approver(self, ctx: ServerRequestContext[Any]) -> Approver | None:
         capabilities = ctx.session.client_capabilities
@@ -197,7 +197,7 @@ class McpService:
         self, ctx: ServerRequestContext[Any], params: types.PaginatedRequestParams | None
     ) -> types.ListResourcesResult:
         try:
-            conversation = self.conversation_of(ctx, dict(ctx.meta or {}))
+            conversation = self.conversation_of(dict(ctx.meta or {}))
         except InvalidToolArguments:
             return types.ListResourcesResult(resources=[])
         return types.ListResourcesResult(resources=await anyio.to_thread.run_sync(self._resources, conversation))
