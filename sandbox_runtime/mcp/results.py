@@ -34,6 +34,7 @@ __all__ = [
     "META_REPLACED",
     "META_REPLAYED",
     "META_TURN",
+    "TASK_TOOLS",
     "ToolResult",
     "call_result",
     "tool_listing",
@@ -116,12 +117,17 @@ _TITLES_AND_HINTS: dict[str, tuple[str, dict[str, bool]]] = {
 }
 
 
+# the tools a client may call as a task (MCP Tasks, 2025-11-25; see :mod:`~sandbox_runtime.mcp.tasks`): the ones
+# that may run long
+TASK_TOOLS = frozenset({"run_python", "sql_query", "delegate_call"})
+
 _SCHEMAS: dict[str, dict[str, Any]] = {name: model.model_json_schema() for name, model in _OUTPUTS.items()}
 _SCHEMAS[""] = ToolResult.model_json_schema()
 
 
 def tool_listing(spec: ToolSpec) -> dict[str, Any]:
-    """The ``Tool`` entry of ``tools/list`` (JSON fields): name, title, description, schemas, annotations."""
+    """The ``Tool`` entry of ``tools/list`` (JSON fields): name, title, description, schemas, annotations, and
+    ``execution.taskSupport`` for the tools that may run as tasks."""
     title, hints = _TITLES_AND_HINTS.get(spec.name, (None, {}))
     annotations = dict(spec.annotations or hints)
     output_schema = _SCHEMAS.get(spec.name, _SCHEMAS[""])
@@ -136,6 +142,8 @@ def tool_listing(spec: ToolSpec) -> dict[str, Any]:
     }
     if annotations:
         listed["annotations"] = annotations
+    if spec.name in TASK_TOOLS:
+        listed["execution"] = {"taskSupport": "optional"}
     return listed
 
 
