@@ -106,9 +106,10 @@ fi
 
 # Node MCP tools from the npm registry, in .npm-tools (binaries in .npm-tools/node_modules/.bin/): the reference
 # server-everything (images, annotations, resource links, progress, long operations) and the MCP Inspector,
-# whose `mcp-inspector --cli TARGET --method tools/list|tools/call ...` is a scripted third-party client.
+# whose `mcp-inspector --cli TARGET --method tools/list|tools/call ...` is a scripted third-party client, and the
+# TypeScript SDK itself (its client drives MCP Tasks in the tests).
 # Install scripts are skipped: the Inspector's only one installs its own source checkout's clients (a no-op here).
-NPM_TOOLS="@modelcontextprotocol/server-everything@2026.8.31 @modelcontextprotocol/inspector@2.12.0"
+NPM_TOOLS="@modelcontextprotocol/server-everything@2026.8.31 @modelcontextprotocol/inspector@2.12.0 @modelcontextprotocol/sdk@1.32.2"
 install_npm_tools() {
   command -v npm >/dev/null || apt_install nodejs npm
   # shellcheck disable=SC2086  # one package a word
