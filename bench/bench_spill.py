@@ -256,12 +256,12 @@ def streamed(sp: Spiller, rows: int, met: Met) -> None:
 def gc_volume(work: Path, where: str) -> Iterator[tuple[Path, str]]:
     """Where the gc trees go: a loop-mounted ext4 volume like a results folder's, or ``work`` itself."""
     if where == "loop" and loop_quota_unavailable_reason() is None:
-        mountpoint = work / "gc-volume"
-        mount_loop_quota(work / "gc-volume.ext4", mountpoint, 8 * 1024**3, os.getuid(), os.getgid())
+        mountpoint, image = work / "gc-volume", work / "gc-volume.ext4"
+        mount_loop_quota(image, mountpoint, 8 * 1024**3, os.getuid(), os.getgid())
         try:
             yield mountpoint / "gc", "a loop-mounted ext4 results volume (as in loop quota mode)"
         finally:
-            unmount_loop_quota(mountpoint)
+            unmount_loop_quota(mountpoint, image)
     else:
         yield work / "gc", f"the file system of {work}"
 

@@ -301,7 +301,7 @@ def build_parser() -> argparse.ArgumentParser:
         WATCH_COMMAND, help="(started by serve over stdio) end a conversation's sandbox once its client exits"
     )
     watch.add_argument("--pid", type=int, required=True, help="the client process")
-    watch.add_argument("--start", default="", help="its start time (/proc/<pid>/stat field 22)")
+    watch.add_argument("--start", default="", help="its boot id and start time, as the server read them")
     watch.add_argument("--conversation", required=True)
     watch.set_defaults(func=cmd_release_when_client_exits)
     return parser

@@ -6,13 +6,13 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-__all__ = ["pid_exists", "process_start", "start_ticks"]
+__all__ = ["pid_exists", "process_start"]
 
 _BOOT_ID = Path("/proc/sys/kernel/random/boot_id")
 _GONE_STATES = frozenset("ZXx")  # a zombie (killed, not yet waited for) or a dead task is no longer running
 
 
-def start_ticks(pid: int) -> str | None:
+def _start_ticks(pid: int) -> str | None:
     """When a running process started (clock ticks since boot, ``/proc/<pid>/stat`` field 22); None when the
     process does not exist, is a zombie, or ``/proc`` cannot be read."""
     try:
@@ -26,9 +26,9 @@ def start_ticks(pid: int) -> str | None:
 
 
 def process_start(pid: int) -> str | None:
-    """``<boot id>:<start time in clock ticks>`` of a running process (None as for :func:`start_ticks`). Two
+    """``<boot id>:<start time in clock ticks>`` of a running process (None as for :func:`_start_ticks`). Two
     processes that ever had the same pid on one host never have the same value."""
-    ticks = start_ticks(pid)
+    ticks = _start_ticks(pid)
     return None if ticks is None else f"{_boot_id()}:{ticks}"
 
 

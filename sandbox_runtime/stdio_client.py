@@ -28,7 +28,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from sandbox_runtime.processes import start_ticks
+from sandbox_runtime.processes import process_start
 
 __all__ = ["ClientProcess", "release_when_client_exits", "start_watcher"]
 
@@ -49,11 +49,11 @@ class ClientProcess:
     def parent(cls) -> ClientProcess:
         """This process's parent: the client of a stdio server."""
         pid = os.getppid()
-        return cls(pid, start_ticks(pid))
+        return cls(pid, process_start(pid))
 
     def alive(self) -> bool:
         """Whether the same process still runs (a pid reused by another process does not count)."""
-        return self.pid > 1 and start_ticks(self.pid) == self.start
+        return self.pid > 1 and process_start(self.pid) == self.start
 
     def wait_for_exit(self, timeout_s: float) -> bool:
         """Block until the process has exited or ``timeout_s`` passed; whether it has exited."""

@@ -34,7 +34,6 @@ __all__ = [
     "META_REPLACED",
     "META_REPLAYED",
     "META_TURN",
-    "TASK_TOOLS",
     "ToolResult",
     "call_result",
     "tool_listing",
@@ -99,28 +98,6 @@ _OUTPUTS: dict[str, type[ToolResult]] = {
     "attach_file": AttachFileOutput,
 }
 
-_READS = {"readOnlyHint": True, "idempotentHint": True, "openWorldHint": False}
-_ADDS = {"readOnlyHint": False, "destructiveHint": False, "idempotentHint": False, "openWorldHint": False}
-_CHANGES = {"readOnlyHint": False, "destructiveHint": True, "idempotentHint": False, "openWorldHint": False}
-# what each built-in tool does to the world: scripts and edits may overwrite files of the results folder; exports
-# and attachments add new files under new names; delegate_call does what its target does (an upstream tool too)
-_TITLES_AND_HINTS: dict[str, tuple[str, dict[str, bool]]] = {
-    "run_python": ("Run Python in the sandbox", _CHANGES),
-    "read_file": ("Read a results file", _READS),
-    "write_file": ("Write a text file", _CHANGES),
-    "edit_file": ("Edit a text file", _CHANGES),
-    "export_table": ("Export a table to CSV or XLSX", _ADDS),
-    "render_table": ("Show a table", _READS),
-    "attach_file": ("Attach a file for the user", _ADDS),
-    "delegate_call": ("Call a tool with arguments from a file", {**_CHANGES, "openWorldHint": True}),
-    "sql_query": ("Query the database (read-only)", _READS),
-}
-
-
-# the tools a client may call as a task (MCP Tasks, 2025-11-25; see :mod:`~sandbox_runtime.mcp.tasks`): the ones
-# that may run long
-TASK_TOOLS = frozenset({"run_python", "sql_query", "delegate_call"})
-
 _SCHEMAS: dict[str, dict[str, Any]] = {name: model.model_json_schema() for name, model in _OUTPUTS.items()}
 _SCHEMAS[""] = ToolResult.model_json_schema()
 
@@ -128,21 +105,19 @@ _SCHEMAS[""] = ToolResult.model_json_schema()
 def tool_listing(spec: ToolSpec) -> dict[str, Any]:
     """The ``Tool`` entry of ``tools/list`` (JSON fields): name, title, description, schemas, annotations, and
     ``execution.taskSupport`` for the tools that may run as tasks."""
-    title, hints = _TITLES_AND_HINTS.get(spec.name, (None, {}))
-    annotations = dict(spec.annotations or hints)
     output_schema = _SCHEMAS.get(spec.name, _SCHEMAS[""])
     if spec.output_schema is not None:  # a host tool's own: shown whole, or the result object when saved to a file
         output_schema = {"type": "object", "anyOf": [spec.output_schema, _SCHEMAS[""]]}
     listed: dict[str, Any] = {
         "name": spec.name,
-        "title": spec.title or title or spec.name,
+        "title": spec.title or spec.name,
         "description": spec.description,
         "inputSchema": spec.input_schema(),
         "outputSchema": output_schema,
     }
-    if annotations:
-        listed["annotations"] = annotations
-    if spec.name in TASK_TOOLS:
+    if spec.annotations:
+        listed["annotations"] = spec.annotations
+    if spec.long_running:
         listed["execution"] = {"taskSupport": "optional"}
     return listed
 

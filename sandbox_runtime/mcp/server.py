@@ -39,7 +39,6 @@ import hashlib
 import logging
 import os
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any, Literal
 
 import anyio
@@ -61,7 +60,6 @@ from sandbox_runtime.mcp.results import (
     META_CALL_ID,
     META_CONVERSATION,
     META_TURN,
-    TASK_TOOLS,
     ToolResult,
     call_result,
     tool_listing,
@@ -203,7 +201,7 @@ class McpService:
         self, ctx: ServerRequestContext[Any], params: types.CallToolRequestParams
     ) -> types.CreateTaskResult:
         self._known_tool(params.name)
-        if params.name not in TASK_TOOLS:
+        if not self.runtime.tools[params.name].long_running:
             raise MCPError(code=types.METHOD_NOT_FOUND, message=f"{params.name} cannot be called as a task")
         meta = dict(ctx.meta or {})
         try:
@@ -348,17 +346,13 @@ def _approval_message(request: ApprovalRequest) -> str:
     return f"Approve a call of {request.tool}? {request.summary}\nArguments that will be sent:\n{shown}"
 
 
-def default_conversation(transport: Transport, token: str | None, *, proc: Path = Path("/proc")) -> str:
+def default_conversation(transport: Transport, token: str | None) -> str:
     """The conversation of requests that name none: per client process over stdio, per token (or per server
     without one) over HTTP. Stable for as long as its owner lives, and the same string every time."""
     if transport == "http":
         return "mcp-http" if token is None else f"mcp-http-{hashlib.sha256(token.encode()).hexdigest()[:16]}"
-    client = ClientProcess.parent()  # a pid with its start time: a reused pid is another client
-    try:
-        boot = (proc / "sys/kernel/random/boot_id").read_text().strip()
-    except OSError:
-        boot = ""
-    identity = f"{boot}:{client.pid}:{client.start or ''}"
+    client = ClientProcess.parent()  # a pid with its boot and start time: a reused pid is another client
+    identity = f"{client.pid}:{client.start or ''}"
     return f"mcp-stdio-{hashlib.sha256(identity.encode()).hexdigest()[:16]}"
 
 

@@ -32,7 +32,6 @@ from sandbox_runtime.policy import Policy
 from sandbox_runtime.store.quota import (
     QuotaMode,
     QuotaUsage,
-    loop_devices,
     mount_loop_quota,
     release_loop_quota,
     resolve_quota_mode,
@@ -135,13 +134,6 @@ class ConversationStore:
                 self._give_to_sandbox_user(folders.results, uid, gid)
         if made:
             self._make_subfolders(folders.results, uid, gid)
-
-    def is_mounted(self, folders: ConversationFolders) -> bool:
-        """Whether the conversation's quota filesystem is mounted or its loop device attached (always False in
-        measured mode)."""
-        if folders.quota_mode != "loop":
-            return False
-        return os.path.ismount(folders.results) or bool(loop_devices(folders.volume))
 
     def release(self, folders: ConversationFolders) -> bool:
         """Unmount the quota filesystem and detach its loop device; the folders stay and the next ``prepare``

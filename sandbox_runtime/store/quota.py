@@ -148,13 +148,9 @@ def mount_loop_quota(image: Path, mountpoint: Path, size_bytes: int, uid: int, g
     return made
 
 
-def unmount_loop_quota(mountpoint: Path, image: Path | None = None) -> None:
-    """Unmount (and, given the image, detach its loop devices); no error when it is not mounted; a mount that is
-    in use raises :class:`QuotaError`."""
-    if image is None:
-        if os.path.ismount(mountpoint):
-            _run(["umount", str(mountpoint)])
-        return
+def unmount_loop_quota(mountpoint: Path, image: Path) -> None:
+    """Unmount and detach the image's loop devices; no error when it is not mounted; a mount that is in use
+    raises :class:`QuotaError`."""
     if not release_loop_quota(image, mountpoint):
         raise QuotaError(f"{mountpoint} is in use (target is busy): close what has files open in it and try again")
 

@@ -91,6 +91,7 @@ class ToolSpec:
     title: str | None = None  # a human-readable name (MCP's Tool.title)
     annotations: dict[str, Any] | None = None  # MCP tool annotations (readOnlyHint, destructiveHint, ...)
     output_schema: dict[str, Any] | None = None  # the JSON schema of the tool's structured result
+    long_running: bool = False  # may run long: an MCP client may call it as a task
 
     def input_schema(self) -> dict[str, Any]:
         """The JSON schema of the arguments (what MCP's ``tools/list`` shows); made once per argument model and shared,

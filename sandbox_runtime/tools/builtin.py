@@ -136,19 +136,92 @@ def _sql_query(ctx: ToolContext, args: SqlQueryArgs) -> ToolReturn:
     return ToolReturn(content=sql_query(ctx.policy.sql, args))
 
 
+# what each tool does to the world (MCP tool annotations): scripts and edits may overwrite files of the results
+# folder; exports and attachments add new files under new names; delegate_call does what its target does (an
+# upstream tool too)
+_READS = {"readOnlyHint": True, "idempotentHint": True, "openWorldHint": False}
+_ADDS = {"readOnlyHint": False, "destructiveHint": False, "idempotentHint": False, "openWorldHint": False}
+_CHANGES = {"readOnlyHint": False, "destructiveHint": True, "idempotentHint": False, "openWorldHint": False}
+
+
 def builtin_tools(policy: Policy | None = None) -> dict[str, ToolSpec]:
     """Every built-in tool by name, in the stable order ``tools/list`` shows them; ``sql_query`` when the
     policy names a database."""
     specs = [
-        ToolSpec("run_python", RUN_PYTHON_DESCRIPTION, RunPythonArgs, _run_python),
-        ToolSpec("read_file", READ_FILE_DESCRIPTION, ReadFileArgs, _read_file, spill_mode="self_bounded"),
-        ToolSpec("write_file", WRITE_FILE_DESCRIPTION, WriteFileArgs, _write_file),
-        ToolSpec("edit_file", EDIT_FILE_DESCRIPTION, EditFileArgs, _edit_file),
-        ToolSpec("export_table", EXPORT_TABLE_DESCRIPTION, ExportTableArgs, _export_table),
-        ToolSpec("render_table", RENDER_TABLE_DESCRIPTION, RenderTableArgs, _render_table, spill_mode="self_bounded"),
-        ToolSpec("attach_file", ATTACH_FILE_DESCRIPTION, AttachFileArgs, _attach_file),
-        ToolSpec("delegate_call", DELEGATE_CALL_DESCRIPTION, DelegateCallArgs, _delegate_call),
+        ToolSpec(
+            "run_python",
+            RUN_PYTHON_DESCRIPTION,
+            RunPythonArgs,
+            _run_python,
+            title="Run Python in the sandbox",
+            annotations=_CHANGES,
+            long_running=True,
+        ),
+        ToolSpec(
+            "read_file",
+            READ_FILE_DESCRIPTION,
+            ReadFileArgs,
+            _read_file,
+            spill_mode="self_bounded",
+            title="Read a results file",
+            annotations=_READS,
+        ),
+        ToolSpec(
+            "write_file",
+            WRITE_FILE_DESCRIPTION,
+            WriteFileArgs,
+            _write_file,
+            title="Write a text file",
+            annotations=_CHANGES,
+        ),
+        ToolSpec(
+            "edit_file", EDIT_FILE_DESCRIPTION, EditFileArgs, _edit_file, title="Edit a text file", annotations=_CHANGES
+        ),
+        ToolSpec(
+            "export_table",
+            EXPORT_TABLE_DESCRIPTION,
+            ExportTableArgs,
+            _export_table,
+            title="Export a table to CSV or XLSX",
+            annotations=_ADDS,
+        ),
+        ToolSpec(
+            "render_table",
+            RENDER_TABLE_DESCRIPTION,
+            RenderTableArgs,
+            _render_table,
+            spill_mode="self_bounded",
+            title="Show a table",
+            annotations=_READS,
+        ),
+        ToolSpec(
+            "attach_file",
+            ATTACH_FILE_DESCRIPTION,
+            AttachFileArgs,
+            _attach_file,
+            title="Attach a file for the user",
+            annotations=_ADDS,
+        ),
+        ToolSpec(
+            "delegate_call",
+            DELEGATE_CALL_DESCRIPTION,
+            DelegateCallArgs,
+            _delegate_call,
+            title="Call a tool with arguments from a file",
+            annotations={**_CHANGES, "openWorldHint": True},
+            long_running=True,
+        ),
     ]
     if policy is not None and policy.sql.database_path is not None:
-        specs.append(ToolSpec("sql_query", SQL_QUERY_DESCRIPTION, SqlQueryArgs, _sql_query))
+        specs.append(
+            ToolSpec(
+                "sql_query",
+                SQL_QUERY_DESCRIPTION,
+                SqlQueryArgs,
+                _sql_query,
+                title="Query the database (read-only)",
+                annotations=_READS,
+                long_running=True,
+            )
+        )
     return {spec.name: spec for spec in specs}

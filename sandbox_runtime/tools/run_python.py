@@ -334,11 +334,6 @@ def _quota_breach(manager: SandboxManager, sandbox: Sandbox, result: ExecResult)
     return usage if usage.free_bytes <= max(_NEARLY_FULL_BYTES, usage.limit_bytes // 20) else None
 
 
-def _never_started(result: ExecResult) -> bool:
-    """A cancel the backend saw before it started the command (it ran nothing, printed nothing)."""
-    return result.cancelled and result.exit_code is None and result.duration_s == 0.0 and not result.stdout
-
-
 def _not_started(args: RunPythonArgs) -> RunPythonResult:
     return RunPythonResult(
         status="cancelled",
@@ -400,8 +395,6 @@ def _finish(
     )
     if status == "ok":
         return RunPythonResult(message=f"Exit code 0 in {result.duration_s:.2f} s.", **base)
-    if status == "cancelled" and _never_started(result):
-        return RunPythonResult(message=_NOT_STARTED, **base)
     if status == "cancelled":
         error_path = _save(root, f"errors/run-{run_number:04d}.txt", stderr) if stderr else None
         saved = f" Its stderr so far: {error_path} — read it with read_file." if error_path else ""
