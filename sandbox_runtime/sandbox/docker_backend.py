@@ -296,11 +296,13 @@ class DockerBackend(SandboxBackend):
                     handle.close()
         exit_code = self._exit_code(exec_id) if frames.stop == "eof" else None
         said = bytes(frames.stdout + frames.stderr)
+        # the OCI runtime, not the code, ended the exec: a runtime exit code, or the stream ended and the exec
+        # vanished with no exit code (gVisor removed its sandbox, and the exec with it)
+        ended_by_runtime = frames.stop == "eof" and (exit_code is None or exit_code >= _RUNTIME_FAILURE_EXIT)
         died = (
             frames.stop == "died"
             or (
-                exit_code is not None
-                and exit_code >= _RUNTIME_FAILURE_EXIT
+                ended_by_runtime
                 # runsc's own word that its sandbox went away, which can come before its process has gone
                 and (not watch.alive() or _GVISOR_SANDBOX_LOST in frames.stderr[-1024:])
             )
