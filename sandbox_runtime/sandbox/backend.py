@@ -70,6 +70,7 @@ class ContainerInfo(_Model):
     running: bool
     status: str
     exit_code: int | None = None
+    oom_killed: bool = Field(False, description="The engine recorded that the kernel's OOM killer ended it.")
     warnings: tuple[str, ...] = ()
 
 

@@ -87,12 +87,13 @@ def _container_info(attrs: Mapping[str, Any], warnings: tuple[str, ...] = ()) ->
     config = attrs.get("Config") or {}
     if isinstance(state, str):  # the list endpoint gives a plain state string
         running = state == "running"
-        status, exit_code = state, None
+        status, exit_code, oom_killed = state, None, False
         labels = attrs.get("Labels") or {}
     else:
         running = bool(state.get("Running"))
         status = str(state.get("Status", "unknown"))
         exit_code = state.get("ExitCode")
+        oom_killed = bool(state.get("OOMKilled"))
         labels = config.get("Labels") or {}
     return ContainerInfo(
         id=str(attrs["Id"]),
@@ -100,6 +101,7 @@ def _container_info(attrs: Mapping[str, Any], warnings: tuple[str, ...] = ()) ->
         running=running,
         status=status,
         exit_code=exit_code,
+        oom_killed=oom_killed,
         warnings=warnings,
     )
 

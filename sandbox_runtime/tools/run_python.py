@@ -31,30 +31,26 @@ import errno
 import logging
 import re
 import threading
-import time
-from typing import Any, Literal
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from sandbox_runtime.control import CallControl
 from sandbox_runtime.errors import InvalidToolArguments, PathNotFound, PathRejected, SandboxGone
 from sandbox_runtime.policy import Policy
-from sandbox_runtime.sandbox.backend import ExecRequest, ExecResult, SandboxBackend
+from sandbox_runtime.sandbox.backend import ExecRequest, ExecResult
 from sandbox_runtime.sandbox.manager import Sandbox, SandboxManager
 from sandbox_runtime.sandbox.profile import PYTHON, code_user, exec_environment, runner_command
 from sandbox_runtime.store.quota import QuotaUsage
 from sandbox_runtime.store.safe_paths import ResultsRoot
 from sandbox_runtime.tools.base import model_arguments
 from sandbox_runtime.tools.error_summary import summarize_failure
+from sandbox_runtime.tools.run_outcome import RunStatus, run_outcome
 
 __all__ = ["InvalidToolArguments", "RunPythonArgs", "RunPythonResult", "RunStatus", "run_python"]
 
 logger = logging.getLogger(__name__)
 
-RunStatus = Literal["ok", "error", "timeout", "memory_limit", "output_limit", "quota_exceeded", "cancelled"]
-_RUNNER_TIMEOUT_EXIT = 124
-_RUNNER_OUTPUT_LIMIT_EXIT = 125
-_MEMORY_NEAR_LIMIT = 0.75  # a sandbox that died with memory use sampled this close to the limit ran out of it
 _HOST_CAP_MARGIN_BYTES = 64 * 1024  # the runner stops at cap + 1; the host's own cap is a backstop above it
 _HOST_DEADLINE_MARGIN_S = 15.0
 _NO_SPACE = re.compile(r"\[Errno 28\]|No space left on device")
@@ -62,11 +58,6 @@ _NO_SPACE = re.compile(r"\[Errno 28\]|No space left on device")
 # "nearly full" rather than full when the script fails: within 5 % of the quota (at least 4 MiB)
 _NEARLY_FULL_BYTES = 4 * 1024 * 1024
 _LOCK_POLL_S = 0.2  # a cancelled call that waits for its conversation's lock gives up within this
-# a run ended by the sandbox's end or by a signal: how long the engine is asked whether the container is being
-# removed (docker marks the removal before it kills, but shows it only once the kill is recorded)
-_REMOVAL_SETTLE_S = 1.0
-_REMOVAL_POLL_S = 0.02
-_GONE_STATES = frozenset({"removing", "dead"})
 _NOT_STARTED = "Cancelled by the caller before it started: nothing ran."
 
 
@@ -240,19 +231,10 @@ def _run_locked(
         manager.forget(conversation_id)
         sandbox = manager.get_or_create(conversation_id)
         result = manager.backend.exec(sandbox.container_id, request, exec_control)
-    oom_after = None if result.container_died else manager.backend.oom_kill_count(sandbox.container_id)
-    oom_rose = oom_before is not None and oom_after is not None and oom_after > oom_before
-    removed = _ended_abruptly(result, oom_rose) and _removed_from_outside(manager.backend, sandbox.container_id)
+    outcome = run_outcome(manager.backend, policy, sandbox.container_id, result, timeout_s, oom_before)
+    removed = outcome.removed
     _tend(manager, sandbox, result, run_number, removed=removed)
-    if result.cancelled:
-        status: RunStatus = "cancelled"
-    elif removed:
-        status = "error"
-    else:
-        status = _classify(result, timeout_s, oom_before, oom_after)
-        if result.container_died:
-            seen = result.memory_bytes_seen or 0
-            status = "memory_limit" if seen >= _MEMORY_NEAR_LIMIT * policy.sandbox.limits.memory_bytes else "error"
+    status = outcome.status
     breach = _quota_breach(manager, sandbox, result) if status in ("ok", "error") and not removed else None
     if breach is not None:
         status = "quota_exceeded"
@@ -278,44 +260,6 @@ def _tend(manager: SandboxManager, sandbox: Sandbox, result: ExecResult, run_num
         manager.restart(sandbox)
     if not (result.container_died or removed):
         manager.touch(sandbox)
-
-
-def _ended_abruptly(result: ExecResult, oom_rose: bool) -> bool:
-    """Whether the run's end may have been the sandbox's removal: the container died, the stream ended without
-    an exit code, or a signal ended the runner with no out-of-memory kill to explain it."""
-    if result.cancelled:
-        return False
-    if result.container_died:
-        return True
-    if result.exit_code is None:
-        return not result.deadline_hit and result.over_cap is None
-    return result.exit_code > 128 and not oom_rose
-
-
-def _removed_from_outside(backend: SandboxBackend, container_id: str) -> bool:
-    """Whether the container is gone or being removed (``gc``, or by hand), as against ended in place (gVisor
-    ends its sandbox at memory or pids exhaustion, and the container stays). Bounded: the engine records the
-    removal's kill a moment after the run's stream ended."""
-    deadline = time.monotonic() + _REMOVAL_SETTLE_S
-    while True:
-        info = backend.inspect(container_id)
-        if info is None or info.status in _GONE_STATES:
-            return True
-        if not info.running or time.monotonic() >= deadline:
-            return False
-        time.sleep(_REMOVAL_POLL_S)
-
-
-def _classify(result: ExecResult, timeout_s: float, oom_before: int | None, oom_after: int | None) -> RunStatus:
-    if result.over_cap is not None or result.exit_code == _RUNNER_OUTPUT_LIMIT_EXIT:
-        return "output_limit"
-    if oom_before is not None and oom_after is not None and oom_after > oom_before:
-        return "memory_limit"
-    if result.deadline_hit or (result.exit_code == _RUNNER_TIMEOUT_EXIT and result.duration_s >= timeout_s):
-        return "timeout"
-    if oom_after is None and result.exit_code == 137:
-        return "memory_limit"  # no cgroup counter to ask (e.g. some gVisor set-ups): SIGKILL is the best sign
-    return "ok" if result.exit_code == 0 else "error"
 
 
 def _quota_breach(manager: SandboxManager, sandbox: Sandbox, result: ExecResult) -> QuotaUsage | None:
