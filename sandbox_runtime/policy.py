@@ -238,6 +238,20 @@ class McpPolicy(_Model):
     upstreams: dict[str, UpstreamServer] = Field(
         default_factory=dict, description="Upstream servers by name; their tools appear as <name>__<tool>."
     )
+    task_after_s: float = Field(
+        1.0,
+        ge=0,
+        le=60,
+        description="Tasks extension (2026-07-28): a long call that ends within this many seconds is answered "
+        "with its result; one still running then becomes a task (0: always a task).",
+    )
+    task_ttl_default_s: PositiveInt = Field(
+        3600, description="How long an ended task is kept, counted from its creation, when the client asks none."
+    )
+    task_ttl_max_s: PositiveInt = Field(86400, description="The longest a task is kept, whatever the client asks.")
+    tasks_kept_max: PositiveInt = Field(
+        256, description="Most tasks kept at once; the oldest ended go first, a new one is refused while all run."
+    )
 
     @model_validator(mode="after")
     def _upstream_names(self) -> McpPolicy:

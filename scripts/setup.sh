@@ -107,9 +107,10 @@ fi
 # Node MCP tools from the npm registry, in .npm-tools (binaries in .npm-tools/node_modules/.bin/): the reference
 # server-everything (images, annotations, resource links, progress, long operations) and the MCP Inspector,
 # whose `mcp-inspector --cli TARGET --method tools/list|tools/call ...` is a scripted third-party client, and the
-# TypeScript SDK itself (its client drives MCP Tasks in the tests).
+# TypeScript SDK itself (its 1.x client drives 2025-11-25 Tasks in the tests), and the 2026-07-28 generation: the
+# TypeScript client 2.x with the Tasks extension's own client library (ext-tasks).
 # Install scripts are skipped: the Inspector's only one installs its own source checkout's clients (a no-op here).
-NPM_TOOLS="@modelcontextprotocol/server-everything@2026.8.31 @modelcontextprotocol/inspector@2.12.0 @modelcontextprotocol/sdk@1.32.2"
+NPM_TOOLS="@modelcontextprotocol/server-everything@2026.8.31 @modelcontextprotocol/inspector@2.12.0 @modelcontextprotocol/sdk@1.32.2 @modelcontextprotocol/client@2.3.1 @modelcontextprotocol/ext-tasks@0.2.2"
 install_npm_tools() {
   command -v npm >/dev/null || apt_install nodejs npm
   # shellcheck disable=SC2086  # one package a word

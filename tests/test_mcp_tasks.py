@@ -44,7 +44,7 @@ def _node() -> str:
 
 @contextmanager
 def tasks_client(served_state: Path, code: str, mode: str) -> Iterator[tuple[subprocess.Popen[str], queue.Queue[str]]]:
-    """The driver script with its stdout lines on a queue (``None`` once it closed); stopped by pid at the end."""
+    """The 2025-11-25 driver on ``serve`` over stdio."""
     require(SDK, "the TypeScript MCP SDK (@modelcontextprotocol/sdk)")
     request = {
         "command": serve_command(served_state),
@@ -53,8 +53,15 @@ def tasks_client(served_state: Path, code: str, mode: str) -> Iterator[tuple[sub
         "mode": mode,
         "timeout_ms": CALL_TIMEOUT_MS,
     }
+    with node_driver(DRIVER, request) as driven:
+        yield driven
+
+
+@contextmanager
+def node_driver(script: Path, request: dict[str, Any]) -> Iterator[tuple[subprocess.Popen[str], queue.Queue[str]]]:
+    """A driver script with its stdout lines on a queue (``""`` once it closed); stopped by pid at the end."""
     process = subprocess.Popen(
-        [_node(), str(DRIVER), json.dumps(request)],
+        [_node(), str(script), json.dumps(request)],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         stderr=sys.stderr,
@@ -83,7 +90,7 @@ def tasks_client(served_state: Path, code: str, mode: str) -> Iterator[tuple[sub
                 pipe.close()
 
 
-def _report(lines: queue.Queue[str], deadline: float) -> dict[str, Any]:
+def last_report(lines: queue.Queue[str], deadline: float) -> dict[str, Any]:
     """The last JSON line before the driver's stdout closed."""
     last = ""
     while True:
@@ -91,10 +98,10 @@ def _report(lines: queue.Queue[str], deadline: float) -> dict[str, Any]:
         if not line:
             break
         last = line if line.strip() else last
-    return _checked(json.loads(last))
+    return checked(json.loads(last))
 
 
-def _checked(report: dict[str, Any]) -> dict[str, Any]:
+def checked(report: dict[str, Any]) -> dict[str, Any]:
     assert "failure" not in report, report["failure"]
     return report
 
@@ -103,7 +110,7 @@ def test_a_long_run_as_a_task_ends_in_the_usual_result_with_its_spill(served_sta
     code = f"import time\nprint('first line', flush=True)\ntime.sleep(2)\nprint('{LONG_TAIL}')\n"
     deadline = time.monotonic() + DRIVER_TIMEOUT_S
     with tasks_client(served_state, code, "complete") as (process, lines):
-        report = _report(lines, deadline)
+        report = last_report(lines, deadline)
         assert process.wait(timeout=max(1, deadline - time.monotonic())) == 0
 
     assert report["capabilities"]["tasks"] == TASKS_CAPABILITY
@@ -122,41 +129,63 @@ def test_a_long_run_as_a_task_ends_in_the_usual_result_with_its_spill(served_sta
     assert set(statuses) == {"working", "completed"}
 
     result = report["result"]
+    assert_the_usual_result_with_its_spill(result)
+    assert result["_meta"][META_RELATED_TASK] == {"taskId": report["created"]["taskId"]}
+    assert result["_meta"]["sandbox-runtime/conversation"].startswith("mcp-stdio-")
+    assert report["payload"] == result  # tasks/result again: the same result
+
+
+# a run with a child in a session of its own; it marks that it started, then waits
+SLOW_RUN_WITH_A_CHILD = (
+    "import subprocess, sys, time\n"
+    "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(300)'], start_new_session=True)\n"
+    "open('/mnt/results/started', 'w').close()\n"
+    "time.sleep(300)\n"
+)
+
+
+def cancel_once_started(
+    runtime_factory: RuntimeFactory, served_state: Path, process: subprocess.Popen[str], lines: queue.Queue[str]
+) -> tuple[str, dict[str, Any]]:
+    """Drive a "cancel" driver of :data:`SLOW_RUN_WITH_A_CHILD`: once the run is under way (two processes in the
+    sandbox), tell it to cancel, read its report, see every process of the run gone and the call recorded
+    cancelled, and let it close. Returns the task id it created and its report."""
+    deadline = time.monotonic() + DRIVER_TIMEOUT_S
+    created = json.loads(lines.get(timeout=DRIVER_TIMEOUT_S))["created"]
+    assert created, "the call did not become a task"
+    host = runtime_factory(state_dir=served_state)
+    conversation = started_conversation(host, time.monotonic() + STARTED_WAIT_S)
+    assert code_processes_left(host, conversation) >= 2  # the script and its child
+    assert process.stdin is not None
+    process.stdin.write("cancel\n")
+    process.stdin.flush()
+    report = checked(json.loads(lines.get(timeout=max(0.1, deadline - time.monotonic()))))
+    gone_by = time.monotonic() + PROCESSES_GONE_S  # the server is still up: its sandbox too
+    while code_processes_left(host, conversation) and time.monotonic() < gone_by:
+        time.sleep(0.1)  # polling a condition, bounded
+    assert code_processes_left(host, conversation) == 0
+    process.stdin.write("close\n")
+    process.stdin.flush()
+    assert process.wait(timeout=max(1, deadline - time.monotonic())) == 0
+    statuses = [record.status for record in host.conversation(conversation).calls()]
+    assert statuses == ["cancelled"]
+    return created, report
+
+
+def assert_the_usual_result_with_its_spill(result: dict[str, Any]) -> None:
+    """The ``CallToolResult`` of :data:`LONG_TAIL`'s run, as a blocking call answers it: the text names its spill."""
     assert result["isError"] is False
     text = result["content"][0]["text"]
     assert "first line" in text
     spill = result["structuredContent"]["file"]
     assert spill["path"].startswith("/mnt/results/spill/"), spill
     assert spill["path"] in text
-    assert result["_meta"][META_RELATED_TASK] == {"taskId": report["created"]["taskId"]}
-    assert result["_meta"]["sandbox-runtime/conversation"].startswith("mcp-stdio-")
-    assert report["payload"] == result  # tasks/result again: the same result
+    assert result["structuredContent"]["status"] == "ok"
 
 
 def test_cancelling_a_task_ends_its_run_in_the_sandbox(runtime_factory: RuntimeFactory, served_state: Path) -> None:
-    code = (
-        "import subprocess, sys, time\n"
-        "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(300)'], start_new_session=True)\n"
-        "open('/mnt/results/started', 'w').close()\n"
-        "time.sleep(300)\n"
-    )
-    deadline = time.monotonic() + DRIVER_TIMEOUT_S
-    with tasks_client(served_state, code, "cancel") as (process, lines):
-        created = json.loads(lines.get(timeout=DRIVER_TIMEOUT_S))["created"]
-        host = runtime_factory(state_dir=served_state)
-        conversation = _started_conversation(host, time.monotonic() + STARTED_WAIT_S)
-        assert code_processes_left(host, conversation) >= 2  # the script and its child
-        assert process.stdin is not None
-        process.stdin.write("cancel\n")
-        process.stdin.flush()
-        report = _checked(json.loads(lines.get(timeout=max(0.1, deadline - time.monotonic()))))
-        gone_by = time.monotonic() + PROCESSES_GONE_S  # the server is still up: its sandbox too
-        while code_processes_left(host, conversation) and time.monotonic() < gone_by:
-            time.sleep(0.1)  # polling a condition, bounded
-        assert code_processes_left(host, conversation) == 0
-        process.stdin.write("close\n")
-        process.stdin.flush()
-        assert process.wait(timeout=max(1, deadline - time.monotonic())) == 0
+    with tasks_client(served_state, SLOW_RUN_WITH_A_CHILD, "cancel") as (process, lines):
+        created, report = cancel_once_started(runtime_factory, served_state, process, lines)
 
     assert report["cancelled"]["taskId"] == created
     assert report["cancelled"]["status"] == "cancelled"
@@ -167,11 +196,9 @@ def test_cancelling_a_task_ends_its_run_in_the_sandbox(runtime_factory: RuntimeF
     assert report["messages"][-1]["type"] == "error"
     assert report["payload"]["isError"] is True  # the run's own result: it was cancelled
     assert report["payload"]["_meta"][META_RELATED_TASK] == {"taskId": created}
-    statuses = [record.status for record in host.conversation(conversation).calls()]
-    assert statuses == ["cancelled"]
 
 
-def _started_conversation(host: Any, deadline: float) -> str:
+def started_conversation(host: Any, deadline: float) -> str:
     while time.monotonic() < deadline:
         for record in host.state.conversations():
             if (host.conversation(record.id).folders.results / "started").exists():

@@ -17,9 +17,9 @@ budget is shared by its calls; without it, calls of a conversation that overlap 
 :mod:`~sandbox_runtime.turns`); ``sandbox-runtime/call-id`` — the model's own tool-call id: the decision is
 stored under it, so the host can rebuild its history byte for byte, and the same id is never run twice.
 
-**Tasks** (2025-11-25): a long tool (``execution.taskSupport`` in ``tools/list``) may be called as a task —
-answered at once, then ``tasks/get``, ``tasks/result``, ``tasks/cancel``, ``tasks/list``; see
-:mod:`~sandbox_runtime.mcp.tasks`.
+**Tasks**: a long tool (``execution.taskSupport`` in ``tools/list``) may be called as a task (2025-11-25), or
+becomes one when the client declares the Tasks extension and the call outlasts ``mcp.task_after_s``
+(2026-07-28); see :mod:`~sandbox_runtime.mcp.tasks`.
 
 **Cancel and progress.** A cancelled request (``notifications/cancelled``, or a stateless HTTP request whose
 connection went away) cancels the call: a run ends every process it started and is recorded ``cancelled``. With a
@@ -33,7 +33,6 @@ expanded arguments; a client that cannot be asked gets ``approval.rule_without_a
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import hashlib
 import logging
@@ -46,7 +45,7 @@ import anyio.from_thread
 import anyio.lowlevel
 import anyio.to_thread
 import mcp_types as types
-from mcp.server.context import CallNext, HandlerResult, ServerRequestContext
+from mcp.server.context import ServerRequestContext
 from mcp.server.lowlevel import Server
 from mcp.shared.exceptions import MCPError
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
@@ -64,6 +63,7 @@ from sandbox_runtime.mcp.results import (
     call_result,
     tool_listing,
 )
+from sandbox_runtime.mcp.task_methods import TaskMethods, TaskWork
 from sandbox_runtime.mcp.tasks import TaskServer, TaskStore
 from sandbox_runtime.runtime import Runtime
 from sandbox_runtime.stdio_client import ClientProcess
@@ -76,7 +76,6 @@ logger = logging.getLogger(__name__)
 
 _TURN_WAIT_S = 3600.0  # a finished call waits at most this long for the other calls of its turn
 _RESOURCES_LISTED_MAX = 500
-_TASK_CALL = "sandbox-runtime/tools-call-as-task"  # internal: where the middleware routes a task-augmented call
 
 INSTRUCTIONS = (
     "Tools of sandbox-runtime. Any result over 1,000 characters is saved to a file in /mnt/results and you get "
@@ -109,7 +108,7 @@ class McpService:
         # the conversation of every request that names none (see the module text)
         self.default_conversation = validate_conversation_id(conversation or default_conversation(transport, token))
         self.gate = TurnGate(runtime.dispatcher, wait_s=_TURN_WAIT_S)
-        self.tasks = TaskStore()
+        self.tasks = TaskStore(runtime.policy.mcp)
         self.server: Server[Any] = TaskServer(
             name,
             version=_version(),
@@ -120,12 +119,7 @@ class McpService:
             on_list_resource_templates=self._list_templates,
             on_read_resource=self._read_resource,
         )
-        self.server.middleware.append(self._as_task)
-        self.server.add_request_handler(_TASK_CALL, types.CallToolRequestParams, self._start_task)
-        self.server.add_request_handler("tasks/get", types.GetTaskRequestParams, self._get_task)
-        self.server.add_request_handler("tasks/result", types.GetTaskPayloadRequestParams, self._task_result)
-        self.server.add_request_handler("tasks/cancel", types.CancelTaskRequestParams, self._cancel_task)
-        self.server.add_request_handler("tasks/list", types.PaginatedRequestParams, self._list_tasks)
+        TaskMethods(self.server, self.tasks, self, task_after_s=runtime.policy.mcp.task_after_s)
 
     # ------------------------------------------------------------------------------------------ tools
     async def _list_tools(
@@ -190,53 +184,19 @@ class McpService:
         return types.CallToolResult.model_validate(call_result(outcome, conversation, mount, turn_id=report.turn_id))
 
     # ------------------------------------------------------------------------------------------ tasks
-    async def _as_task(self, ctx: ServerRequestContext[Any], call_next: CallNext) -> HandlerResult:
-        """Middleware: a ``tools/call`` with ``task`` goes to :meth:`_start_task` (its answer is a
-        ``CreateTaskResult``, which the SDK's ``tools/call`` result check would refuse)."""
-        if ctx.method == "tools/call" and isinstance(ctx.params, Mapping) and ctx.params.get("task") is not None:
-            ctx = dataclasses.replace(ctx, method=_TASK_CALL)
-        return await call_next(ctx)
+    def may_be_task(self, tool: str) -> bool:
+        spec = self.runtime.tools.get(tool)
+        return spec is not None and spec.long_running
 
-    async def _start_task(
-        self, ctx: ServerRequestContext[Any], params: types.CallToolRequestParams
-    ) -> types.CreateTaskResult:
+    def task_work(self, ctx: ServerRequestContext[Any], params: types.CallToolRequestParams) -> TaskWork:
         self._known_tool(params.name)
-        if not self.runtime.tools[params.name].long_running:
+        if not self.may_be_task(params.name):
             raise MCPError(code=types.METHOD_NOT_FOUND, message=f"{params.name} cannot be called as a task")
         meta = dict(ctx.meta or {})
-        try:
-            conversation = self.conversation_of(meta)
-        except (InvalidToolArguments, InvalidConversationId) as exc:
-            raise MCPError(code=types.INVALID_PARAMS, message=f"{type(exc).__name__}: {exc}") from exc
+        conversation = self.task_conversation(meta)
         control = CallControl()  # no progress and no elicitation: the request is answered at once
         run = functools.partial(self._execute, conversation, params, meta, control, None)
-        ttl = None if params.task is None else params.task.ttl
-        task = self.tasks.start(conversation, ttl, control, run)
-        logger.info("tools/call %s in %s runs as task %s", params.name, conversation, task.task_id)
-        return types.CreateTaskResult(task=task.view())
-
-    async def _get_task(self, ctx: ServerRequestContext[Any], params: types.GetTaskRequestParams) -> dict[str, Any]:
-        task = self.tasks.get(self.conversation_of(dict(ctx.meta or {})), params.task_id)
-        return task.view().model_dump(by_alias=True, mode="json", exclude_none=True)
-
-    async def _task_result(
-        self, ctx: ServerRequestContext[Any], params: types.GetTaskPayloadRequestParams
-    ) -> dict[str, Any]:
-        task = self.tasks.get(self.conversation_of(dict(ctx.meta or {})), params.task_id)
-        await anyio.to_thread.run_sync(task.done.wait, abandon_on_cancel=True)
-        return task.payload()
-
-    async def _cancel_task(
-        self, ctx: ServerRequestContext[Any], params: types.CancelTaskRequestParams
-    ) -> dict[str, Any]:
-        task = self.tasks.cancel(self.conversation_of(dict(ctx.meta or {})), params.task_id)
-        return task.view().model_dump(by_alias=True, mode="json", exclude_none=True)
-
-    async def _list_tasks(
-        self, ctx: ServerRequestContext[Any], params: types.PaginatedRequestParams
-    ) -> types.ListTasksResult:
-        listed = self.tasks.listed(self.conversation_of(dict(ctx.meta or {})))
-        return types.ListTasksResult(tasks=[task.view() for task in listed])
+        return TaskWork(conversation, control, run)
 
     def conversation_of(self, meta: dict[str, Any]) -> str:
         """The conversation a request belongs to (see the module text)."""
@@ -244,6 +204,13 @@ class McpService:
         if named is not None:
             return validate_conversation_id(named)
         return self.default_conversation
+
+    def task_conversation(self, meta: dict[str, Any]) -> str:
+        """The conversation of a task request: a bad name is invalid params (there is no model to tell)."""
+        try:
+            return self.conversation_of(meta)
+        except (InvalidToolArguments, InvalidConversationId) as exc:
+            raise MCPError(code=types.INVALID_PARAMS, message=f"{type(exc).__name__}: {exc}") from exc
 
     def _approver(self, ctx: ServerRequestContext[Any]) -> Approver | None:
         capabilities = ctx.session.client_capabilities

@@ -1,19 +1,27 @@
-"""Tool calls as MCP tasks (protocol 2025-11-25): a long call answers at once, and ends in the usual result.
+"""Tool calls as MCP tasks: a long call answers at once, and ends in the usual result.
 
-A ``tools/call`` that carries ``task`` (for a tool listed with ``execution.taskSupport``) runs in a worker
-thread of its own; the request is answered with a ``CreateTaskResult`` right away. ``tasks/get`` gives the
-status (``working`` → ``completed`` | ``failed`` | ``cancelled``; ``failed`` when the result has
-``isError``), ``tasks/result`` waits for the end and gives exactly the ``CallToolResult`` the same call would
-have answered without ``task`` (its ``_meta`` also names the task), ``tasks/cancel`` cancels the call (a run
-ends every process it started) and ``tasks/list`` lists the tasks.
+Two generations of the same idea share one store:
+
+- **2025-11-25** (the handshake era): a ``tools/call`` that carries ``task`` (for a tool listed with
+  ``execution.taskSupport``) is answered with a ``CreateTaskResult`` right away; ``tasks/get`` gives the status
+  (``working`` → ``completed`` | ``failed`` | ``cancelled``; ``failed`` when the result has ``isError``),
+  ``tasks/result`` waits for the end and gives exactly the ``CallToolResult`` the same call would have answered
+  without ``task`` (its ``_meta`` also names the task), ``tasks/cancel`` cancels it and ``tasks/list`` lists them.
+- **2026-07-28** (the Tasks extension ``io.modelcontextprotocol/tasks``): the client declares the extension in
+  a request's ``_meta`` capabilities and the server decides. A long tool's call that has not ended within
+  ``mcp.task_after_s`` is answered with ``resultType: "task"``; ``tasks/get`` gives the whole task, the
+  ``CallToolResult`` inlined once ``completed`` (a tool error is ``completed`` too, with ``isError``; ``failed``
+  is for a protocol error only); ``tasks/update`` is acknowledged (these tasks never ask for input);
+  ``tasks/cancel`` cancels the call. There is no ``tasks/result`` and no ``tasks/list`` in this generation.
 
 **The rule.** A task belongs to the conversation its call ran in: every ``tasks/*`` request sees only the tasks
 of its own conversation (the same one a ``tools/call`` would get: ``_meta`` or the server's default), and any
-other id is "not found". A task is kept for its ``ttl`` (the one asked for, within
-:data:`_TASK_TTL_MAX_MS`; :data:`_TASK_TTL_DEFAULT_MS` when none) counted from its creation, and only once it
-ended; at most :data:`_TASKS_KEPT_MAX` tasks are kept in all — the oldest ended ones go first, and a new task
-is refused while that many are still running. A task's call is never asked for approval by elicitation (it
-has no request to ask on): the policy's ``approval.rule_without_approver`` decides.
+other id is "not found". A task is kept for its ttl (the one asked for, within ``mcp.task_ttl_max_s``;
+``mcp.task_ttl_default_s`` when none) counted from its creation, and only once it ended; at most
+``mcp.tasks_kept_max`` tasks are kept in all — the oldest ended ones go first, and a new task is refused while
+that many are still running. Cancelling a task ends its call (a run ends every process it started). A task's
+call is never asked for approval by elicitation (it has no request to ask on): the policy's
+``approval.rule_without_approver`` decides.
 """
 
 from __future__ import annotations
@@ -29,16 +37,17 @@ from typing import Any
 import mcp_types as types
 from mcp.server.lowlevel import Server
 from mcp.shared.exceptions import MCPError
+from mcp_types.methods import serialize_server_result
+from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
 from sandbox_runtime.control import CallControl
+from sandbox_runtime.policy import McpPolicy
 
-__all__ = ["META_RELATED_TASK", "TaskServer", "TaskStore", "TrackedTask"]
+__all__ = ["META_RELATED_TASK", "TASKS_EXTENSION", "TaskServer", "TaskStore", "TrackedTask"]
 
 META_RELATED_TASK = "io.modelcontextprotocol/related-task"
+TASKS_EXTENSION = "io.modelcontextprotocol/tasks"
 
-_TASKS_KEPT_MAX = 256
-_TASK_TTL_DEFAULT_MS = 3_600_000
-_TASK_TTL_MAX_MS = 86_400_000
 _POLL_INTERVAL_MS = 500
 
 _TERMINAL: frozenset[types.TaskStatus] = frozenset({"completed", "failed", "cancelled"})
@@ -50,7 +59,8 @@ def _now_iso() -> str:
 
 @dataclass
 class TrackedTask:
-    """One task: its call's control, its status and, once it ended, its ``CallToolResult`` (JSON fields)."""
+    """One task: its call's control, its status and, once it ended, its ``CallToolResult`` (JSON fields) or the
+    protocol error that ended it."""
 
     task_id: str
     conversation: str
@@ -62,12 +72,14 @@ class TrackedTask:
     status_message: str | None = None
     last_updated_at: str = ""
     result: dict[str, Any] | None = None
+    error: dict[str, Any] | None = None  # a JSON-RPC error object: the call failed as a protocol error
     done: threading.Event = field(default_factory=threading.Event)
 
     def __post_init__(self) -> None:
         self.last_updated_at = self.created_at
 
     def view(self) -> types.Task:
+        """The task as 2025-11-25 shows it."""
         return types.Task(
             task_id=self.task_id,
             status=self.status,
@@ -84,12 +96,36 @@ class TrackedTask:
         meta = {**(result.get("_meta") or {}), META_RELATED_TASK: {"taskId": self.task_id}}
         return {**result, "_meta": meta}
 
+    def detailed(self, protocol_version: str) -> dict[str, Any]:
+        """The task as the Tasks extension shows it: a ``DetailedTask``, its result (shaped for the request's
+        ``protocol_version``) or error inlined."""
+        status = self.status
+        if status == "failed" and self.error is None:
+            status = "completed"  # a tool error is a result (isError), not a failed task, in this generation
+        shown: dict[str, Any] = {
+            "taskId": self.task_id,
+            "status": status,
+            "createdAt": self.created_at,
+            "lastUpdatedAt": self.last_updated_at,
+            "ttlMs": self.ttl_ms,
+            "pollIntervalMs": _POLL_INTERVAL_MS,
+        }
+        if self.status_message is not None:
+            shown["statusMessage"] = self.status_message
+        if status == "completed":
+            shown["result"] = serialize_server_result("tools/call", protocol_version, self.result or {})
+        elif status == "failed":
+            shown["error"] = self.error
+        return shown
+
 
 class TaskStore:
     """The tasks of one server, by conversation (see the module text). Safe to use from any thread."""
 
-    def __init__(self, kept_max: int = _TASKS_KEPT_MAX) -> None:
-        self._kept_max = kept_max
+    def __init__(self, policy: McpPolicy) -> None:
+        self._kept_max = policy.tasks_kept_max
+        self._ttl_default_ms = policy.task_ttl_default_s * 1000
+        self._ttl_max_ms = policy.task_ttl_max_s * 1000
         self._lock = threading.Lock()
         self._tasks: dict[str, TrackedTask] = {}  # in creation order
 
@@ -101,7 +137,7 @@ class TaskStore:
         work: Callable[[], types.CallToolResult],
     ) -> TrackedTask:
         """Run ``work`` in a thread of its own as a new task of ``conversation``, and return the task."""
-        ttl = _TASK_TTL_DEFAULT_MS if ttl_ms is None else max(0, min(ttl_ms, _TASK_TTL_MAX_MS))
+        ttl = self._ttl_default_ms if ttl_ms is None else max(0, min(ttl_ms, self._ttl_max_ms))
         task = TrackedTask(task_id=uuid.uuid4().hex, conversation=conversation, ttl_ms=ttl, control=control)
         with self._lock:
             self._purge()
@@ -114,15 +150,19 @@ class TaskStore:
         return task
 
     def _run(self, task: TrackedTask, work: Callable[[], types.CallToolResult]) -> None:
+        failure: str | None = None
         try:
             result = work()
-        except Exception as exc:  # the call's own failures are results already: this is a bug, said as a result
-            text = f"The task's call failed: {type(exc).__name__}: {exc}"
-            result = types.CallToolResult(content=[types.TextContent(text=text)], is_error=True)
+        except Exception as exc:  # the call's own failures are results already: this is a bug, said as one
+            failure = f"The task's call failed: {type(exc).__name__}: {exc}"
+            result = types.CallToolResult(content=[types.TextContent(text=failure)], is_error=True)
         with self._lock:
             task.result = result.model_dump(by_alias=True, mode="json", exclude_none=True)
+            if failure is not None:
+                task.error = {"code": types.INTERNAL_ERROR, "message": failure}
             if task.status not in _TERMINAL:
                 task.status = "failed" if result.is_error else "completed"
+                task.status_message = failure
                 task.last_updated_at = _now_iso()
             task.done.set()
 
@@ -134,11 +174,14 @@ class TaskStore:
             raise MCPError(code=types.INVALID_PARAMS, message=f"Failed to retrieve task: Task not found: {task_id}")
         return task
 
-    def cancel(self, conversation: str, task_id: str) -> TrackedTask:
-        """Cancel the task's call (its run ends every process it started); the task is ``cancelled`` at once."""
+    def cancel(self, conversation: str, task_id: str, *, ended_ok: bool = False) -> TrackedTask:
+        """Cancel the task's call (its run ends every process it started); the task is ``cancelled`` at once.
+        A task that already ended is refused, unless ``ended_ok`` (then it stays as it ended)."""
         task = self.get(conversation, task_id)
         with self._lock:
             if task.status in _TERMINAL:
+                if ended_ok:
+                    return task
                 raise MCPError(
                     code=types.INVALID_PARAMS, message=f"Cannot cancel task: already in terminal status {task.status}"
                 )
@@ -147,6 +190,11 @@ class TaskStore:
             task.last_updated_at = _now_iso()
         task.control.cancel()
         return task
+
+    def forget(self, task_id: str) -> None:
+        """Drop a task its client was never told of (its call was answered with the result itself)."""
+        with self._lock:
+            self._tasks.pop(task_id, None)
 
     def listed(self, conversation: str) -> list[TrackedTask]:
         with self._lock:
@@ -167,11 +215,14 @@ class TaskStore:
 
 
 class TaskServer(Server[Any]):
-    """The SDK's low-level server, with the tasks capability (``tasks/list``, ``tasks/cancel``, task-augmented
-    ``tools/call``) in what it advertises."""
+    """The SDK's low-level server, advertising tasks: the 2025-11-25 ``tasks`` capability (``tasks/list``,
+    ``tasks/cancel``, task-augmented ``tools/call``) to the handshake era, the Tasks extension to 2026-07-28."""
 
     def get_capabilities(self, *args: Any, **kwargs: Any) -> types.ServerCapabilities:
         capabilities = super().get_capabilities(*args, **kwargs)
+        if kwargs.get("protocol_version") in MODERN_PROTOCOL_VERSIONS:
+            extensions = {**(capabilities.extensions or {}), TASKS_EXTENSION: {}}
+            return capabilities.model_copy(update={"extensions": extensions})
         tasks = types.ServerTasksCapability(
             list=types.TasksListCapability(),
             cancel=types.TasksCancelCapability(),
