@@ -6,18 +6,25 @@ raises, runs out of time or memory) are *results* with ``is_error`` set, never e
 ::
 
     SandboxRuntimeError
+    ├── ToolFailure                            the model's call or a file the sandbox wrote cannot be used: a tool
+    │   │                                      error the model reads (the pipeline catches it), never raised further
+    │   ├── InvalidToolArguments (ValueError)  a tool call's arguments do not fit its schema or the policy's caps
+    │   │   ├── UnknownTool                    no tool has that name
+    │   │   └── QueryFailed                    SQLite refused or stopped a sql_query (says why)
+    │   ├── BadTableFile (ValueError)          a table file is malformed or past a reader's cap (line, cell, nesting,
+    │   │                                      a value out of range); names the line and the cap
+    │   ├── OutputsFull (OSError)              the conversation's attachments quota (bytes or files) is reached
+    │   ├── PathRejected (PermissionError)     a model-supplied path is refused
+    │   │   ├── PathOutsideResults             it resolves outside the results folder (or is malformed)
+    │   │   ├── UnsafeFileType                 symlink, FIFO, device, socket, directory, hard link, other device
+    │   │   ├── FileTooLarge                   larger than the cap for this read
+    │   │   └── PathExists (FileExistsError)   a regular file already stands where a new one was to be made
+    │   └── PathNotFound (FileNotFoundError)   a well-formed path names nothing in the results folder
+    │       └── PathExpired                    it named a file that retention removed (says when; re-run)
     ├── PolicyError (ValueError)               a policy file or value is invalid
     ├── InvalidConversationId (ValueError)     a conversation id has bad characters or length
-    ├── InvalidToolArguments (ValueError)      a tool call's arguments do not fit its schema or the policy's caps
-    │   ├── UnknownTool                        no tool has that name
-    │   └── QueryFailed                        SQLite refused or stopped a sql_query (says why)
-    ├── PathRejected (PermissionError)         a model-supplied path is refused
-    │   ├── PathOutsideResults                 it resolves outside the results folder (or is malformed)
-    │   ├── UnsafeFileType                     symlink, FIFO, device, socket, directory, hard link, other device
-    │   ├── FileTooLarge                       larger than the cap for this read
-    │   └── PathExists (FileExistsError)       a regular file already stands where a new one was to be made
-    ├── PathNotFound (FileNotFoundError)       a well-formed path names nothing in the results folder
-    │   └── PathExpired                        it named a file that retention removed (says when; re-run)
+    ├── ToolNameTaken (ValueError)             register_tool: a built-in or registered tool already has the name
+    ├── ConversationDeleted                    the conversation was deleted; open it again from the runtime
     ├── EngineUnavailable (ConnectionError)    the Docker engine cannot be reached
     ├── SelfCheckFailed                        the hardening profile is not in force: no sandbox starts
     ├── ImageError                             the executor image is missing or could not be built
@@ -33,11 +40,14 @@ without importing this module.
 from __future__ import annotations
 
 __all__ = [
+    "BadTableFile",
+    "ConversationDeleted",
     "EngineUnavailable",
     "FileTooLarge",
     "ImageError",
     "InvalidConversationId",
     "InvalidToolArguments",
+    "OutputsFull",
     "PathExists",
     "PathExpired",
     "PathNotFound",
@@ -50,6 +60,8 @@ __all__ = [
     "SandboxGone",
     "SandboxRuntimeError",
     "SelfCheckFailed",
+    "ToolFailure",
+    "ToolNameTaken",
     "UnknownTool",
     "UnsafeFileType",
     "UpstreamError",
@@ -68,7 +80,20 @@ class InvalidConversationId(SandboxRuntimeError, ValueError):
     """A conversation id is empty, too long, or has characters outside ``[A-Za-z0-9_-]``."""
 
 
-class InvalidToolArguments(SandboxRuntimeError, ValueError):
+class ToolFailure(SandboxRuntimeError):
+    """What the model sent, or a file the sandbox wrote, cannot be used; the model reads the message as a tool
+    error. The call pipeline catches this root (and only infrastructure failures reach the host)."""
+
+
+class ToolNameTaken(SandboxRuntimeError, ValueError):
+    """``register_tool`` was given a name a built-in or an already registered tool has."""
+
+
+class ConversationDeleted(SandboxRuntimeError):
+    """The conversation was deleted; open it again with ``runtime.conversation(id)`` to start it afresh."""
+
+
+class InvalidToolArguments(ToolFailure, ValueError):
     """A tool was called with arguments that do not fit its schema or the policy's caps; names the field."""
 
 
@@ -80,7 +105,16 @@ class QueryFailed(InvalidToolArguments):
     """SQLite refused or stopped a ``sql_query`` (syntax, unknown table, a write, the time limit); says why."""
 
 
-class PathRejected(SandboxRuntimeError, PermissionError):
+class BadTableFile(ToolFailure, ValueError):
+    """A table file is malformed or past a reader's cap (line length, cell size, nesting, a value out of
+    range); the message names the line and the cap."""
+
+
+class OutputsFull(ToolFailure, OSError):
+    """The conversation's attachments (``outputs/``) reached their quota in bytes or files; says which."""
+
+
+class PathRejected(ToolFailure, PermissionError):
     """A model-supplied path was refused; nothing outside the results folder was opened."""
 
 
@@ -100,7 +134,7 @@ class PathExists(PathRejected, FileExistsError):
     """A regular file already stands at the name where the host was to create one (files are never replaced)."""
 
 
-class PathNotFound(SandboxRuntimeError, FileNotFoundError):
+class PathNotFound(ToolFailure, FileNotFoundError):
     """A well-formed path under the results folder names no file (or a parent folder is missing)."""
 
 

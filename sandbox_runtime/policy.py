@@ -37,6 +37,7 @@ __all__ = [
 ]
 
 MiB = 1024 * 1024
+GiB = 1024 * MiB
 CHARS_PER_TOKEN = 4  # the estimate behind every limit given in tokens: English prose and JSON average ~4
 BUILTIN_POLICY_NAMES = ("default", "strict", "gvisor")
 _POLICY_DIR = Path(__file__).resolve().parent / "_data" / "policies"
@@ -162,6 +163,27 @@ class ToolsPolicy(_Model):
     record_args_max_bytes: PositiveInt = Field(
         1 * MiB, description="Arguments kept in the execution record per call; longer ones are cut and marked."
     )
+    table_line_max_bytes: PositiveInt = Field(
+        16 * MiB,
+        description="Longest line (one JSON Lines record, one CSV row) a host-side reader of a table file accepts; "
+        "a longer one is a tool error naming the line.",
+    )
+    table_cell_max_chars: PositiveInt = Field(
+        1_048_576, description="Longest cell a host-side reader of a table file accepts; longer: a tool error."
+    )
+    json_nesting_max: PositiveInt = Field(
+        64, description="Deepest nesting of arrays and objects accepted in a table file or in tool arguments."
+    )
+    render_cell_max_chars: PositiveInt = Field(
+        500, description="render_table shows at most this many characters of a cell, then a marker."
+    )
+    render_max_chars: PositiveInt = Field(
+        100_000, description="Most characters render_table returns in all; past it rows are cut with a marker."
+    )
+    outputs_max_bytes: PositiveInt = Field(
+        1 * GiB, description="Bytes all attachments of one conversation (outputs/) may take on the host's disk."
+    )
+    outputs_files_max: PositiveInt = Field(1000, description="Most distinct attachments one conversation keeps.")
 
 
 Rule = Literal["allow", "deny", "ask"]
