@@ -6,6 +6,13 @@ for the rest). ``ask`` hands an :class:`ApprovalRequest` to the host's approver 
 what will actually be sent: the arguments after ``delegate_call`` read its file and laid the overrides on top —
 whole up to ``shown_max_chars``, else the start, a summary and the file's path. A denial becomes a tool error the
 model can read, never an exception.
+
+A delegated call is judged by two rules: that of ``delegate_call`` itself and that of the target tool (each its
+``tool_rules`` entry, else ``default_rule``); the stricter wins — ``deny`` over ``ask`` over ``allow``. So
+``tool_rules.delegate_call = "deny"`` stops every delegation, ``"ask"`` asks about each one (once, showing the
+target and its expanded arguments), and a target's own ``deny`` or ``ask`` holds whether it is called directly or
+through ``delegate_call``. (With ``default_rule = "deny"``, delegation needs ``delegate_call = "allow"`` as well
+as an allowed target.)
 """
 
 from __future__ import annotations
@@ -18,9 +25,9 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
-from sandbox_runtime.policy import ApprovalPolicy
+from sandbox_runtime.policy import ApprovalPolicy, Rule
 
-__all__ = ["ApprovalRequest", "Approver", "judge"]
+__all__ = ["ApprovalRequest", "Approver", "judge", "make_request", "rule_for"]
 
 logger = logging.getLogger(__name__)
 
@@ -39,6 +46,7 @@ class ApprovalRequest(BaseModel):
     complete: bool  # False: arguments_json is cut; the whole is in `source`
     source: str | None = None  # the arguments file (delegate_call), when there was one
     summary: str  # one line: tool, argument names and sizes
+    via: str | None = None  # the tool that made the call (delegate_call), when it was delegated
 
 
 Approver = Callable[[ApprovalRequest], bool | str]  # True: run it; False or a reason: refuse
@@ -54,9 +62,17 @@ def _summary(tool: str, arguments: dict[str, Any]) -> str:
 
 
 def make_request(
-    policy: ApprovalPolicy, conversation_id: str, call_id: str, tool: str, arguments: dict[str, Any], source: str | None
+    policy: ApprovalPolicy,
+    conversation_id: str,
+    call_id: str,
+    tool: str,
+    arguments: dict[str, Any],
+    source: str | None,
+    *,
+    via: str | None = None,
 ) -> ApprovalRequest:
-    """The request for one call, its arguments cut to ``shown_max_chars`` when longer."""
+    """The request for one call of ``tool`` (made through ``via`` when delegated), its arguments cut to
+    ``shown_max_chars`` when longer."""
     text = json.dumps(arguments, ensure_ascii=False, indent=2, default=str)
     shown = text[: policy.shown_max_chars]
     return ApprovalRequest(
@@ -69,18 +85,30 @@ def make_request(
         complete=len(shown) == len(text),
         source=source,
         summary=_summary(tool, arguments),
+        via=via,
     )
+
+
+_STRICTNESS: dict[Rule, int] = {"allow": 0, "ask": 1, "deny": 2}
+
+
+def rule_for(policy: ApprovalPolicy, request: ApprovalRequest) -> tuple[Rule, str]:
+    """The rule that applies to ``request`` and the tool it comes from: the stricter of the target's and, for a
+    delegated call, ``delegate_call``'s (on a tie, the target's)."""
+    tools = [request.tool] if request.via is None else [request.tool, request.via]
+    ruled = [(policy.tool_rules.get(tool, policy.default_rule), tool) for tool in tools]
+    return max(ruled, key=lambda pair: _STRICTNESS[pair[0]])
 
 
 def judge(policy: ApprovalPolicy, approver: Approver | None, request: ApprovalRequest) -> str | None:
     """None when the call may run; otherwise the reason it may not (for the model to read)."""
-    rule = policy.tool_rules.get(request.tool, policy.default_rule)
+    rule, ruled_by = rule_for(policy, request)
     if rule == "ask" and approver is None:
         rule = policy.rule_without_approver
         if rule == "deny":
-            return f"calls of {request.tool} need approval, and no approver is available"
+            return f"calls of {ruled_by} need approval, and no approver is available"
     if rule != "ask":
-        return None if rule == "allow" else f"the policy denies calls of {request.tool}"
+        return None if rule == "allow" else f"the policy denies calls of {ruled_by}"
     assert approver is not None  # noqa: S101  (checked above)
     try:
         answer = approver(request)

@@ -60,8 +60,10 @@ def _runtime(args: argparse.Namespace, *, sweep: bool = True) -> Runtime:
 def cmd_doctor(args: argparse.Namespace) -> int:
     with _runtime(args) as runtime:
         report = runtime.doctor()
+        limits = runtime.store.outputs_limits()
         if args.json:
-            print(json.dumps(report.model_dump(mode="json") | {"ok": report.ok}, indent=2))
+            outputs = {"outputs_max_bytes": limits.max_bytes, "outputs_files_max": limits.files_max}
+            print(json.dumps(report.model_dump(mode="json") | {"ok": report.ok, "outputs": outputs}, indent=2))
             return EXIT_OK if report.ok else EXIT_FAILED
         engine = report.engine
         print(
@@ -76,6 +78,10 @@ def cmd_doctor(args: argparse.Namespace) -> int:
         print(
             f"sandbox  runtime {report.runtime}, image {report.image}, disk quota mode: {report.quota_mode}"
             + ("" if report.quota_mode == "loop" else " (not kernel-enforced: run as root for 'loop')")
+        )
+        print(
+            f"outputs  attachments per conversation: at most {limits.files_max:,} (tools.outputs_files_max), "
+            f"{limits.max_bytes:,} bytes of distinct content (tools.outputs_max_bytes); the same content is stored once"
         )
         print(f"policy   {runtime.policy.name} ({runtime.policy.digest()}), state {runtime.state_dir}\n")
         print(
@@ -158,6 +164,12 @@ def _ls_conversation(runtime: Runtime, args: argparse.Namespace) -> int:
             return EXIT_OK
         rows = [[c.attachment_id, c.filename, f"{c.bytes:,}", c.mime_type, c.source] for c in cards]
         print(_table(rows, ["attachment", "filename", "bytes", "type", "copied from"]) if rows else "no attachments")
+        used = runtime.store.outputs_usage(runtime.store.folders(args.conversation))
+        print(
+            f"\noutputs/: {used.attachments:,} of at most {used.files_max:,} attachments (tools.outputs_files_max); "
+            f"{used.bytes:,} of {used.max_bytes:,} bytes (tools.outputs_max_bytes) in {used.contents:,} distinct "
+            f"contents"
+        )
         return EXIT_OK
     if args.spills:
         return _ls_spills(conversation, args)
@@ -207,6 +219,7 @@ def cmd_ls(args: argparse.Namespace) -> int:
         rows: list[dict[str, object]] = []
         for record in runtime.state.conversations():
             usage = runtime.conversation(record.id).usage()
+            outputs = runtime.store.outputs_usage(runtime.store.folders(record.id))
             sandbox = live.get(record.id)
             rows.append(
                 {
@@ -216,6 +229,10 @@ def cmd_ls(args: argparse.Namespace) -> int:
                     "used_bytes": usage.used_bytes,
                     "limit_bytes": usage.limit_bytes,
                     "quota_mode": usage.mode,
+                    "outputs_files": outputs.attachments,
+                    "outputs_files_max": outputs.files_max,
+                    "outputs_bytes": outputs.bytes,
+                    "outputs_max_bytes": outputs.max_bytes,
                 }
             )
         if args.json:
@@ -232,10 +249,20 @@ def cmd_ls(args: argparse.Namespace) -> int:
                             str(r["runs"]),
                             f"{r['used_bytes']:,} / {r['limit_bytes']:,}",
                             str(r["quota_mode"]),
+                            f"{r['outputs_files']:,} / {r['outputs_files_max']:,}",
+                            f"{r['outputs_bytes']:,} / {r['outputs_max_bytes']:,}",
                         ]
                         for r in rows
                     ],
-                    ["conversation", "sandbox", "runs", "disk used / quota (bytes)", "quota mode"],
+                    [
+                        "conversation",
+                        "sandbox",
+                        "runs",
+                        "disk used / quota (bytes)",
+                        "quota mode",
+                        "attachments / max",
+                        "attachment bytes / quota",
+                    ],
                 )
             )
     return EXIT_OK
@@ -289,7 +316,9 @@ def build_parser() -> argparse.ArgumentParser:
     gc.add_argument("--json", action="store_true")
     gc.set_defaults(func=cmd_gc)
     ls = sub.add_parser(
-        "ls", help="conversations, their sandboxes and disk use; with a conversation id: its calls or attachments"
+        "ls",
+        help="conversations, their sandboxes, disk use and attachments quota; with a conversation id: its calls or "
+        "attachments",
     )
     ls.add_argument("conversation", nargs="?", help="list this conversation's execution record")
     shown = ls.add_mutually_exclusive_group()

@@ -10,15 +10,19 @@ the largest spilled results by their stand-ins; and the exact text the model get
 call id *before* anything is returned. A call id decided before is never run or spilled again: its stored
 decision is replayed, byte for byte, even after a restart or a change of policy.
 
-Bad calls (unknown tool, arguments that do not fit, refused or missing paths) become results with ``is_error``
-the model can read; infrastructure failures (engine gone, sandbox cannot start) raise.
+Bad calls (unknown tool, arguments that do not fit, refused or missing paths, malformed files) become results with
+``is_error`` the model can read, and so does an unexpected exception inside a tool or while its result is saved
+(an internal-error result, logged with its traceback; see :mod:`~sandbox_runtime.execution`). Only infrastructure
+failures (engine gone, sandbox cannot start) raise — and never at the cost of the turn's other calls: every call
+of the batch still runs, those that finished are decided and stored as usual, and then the failure is raised
+(with a note naming the calls that were decided). Run the turn again with the same call ids: the decided calls are
+replayed, not run again; only the failed one runs anew.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import datetime as dt
-import json
 import logging
 import time
 import uuid
@@ -26,20 +30,18 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
-
-from pydantic import BaseModel, ConfigDict, Field
 
 from sandbox_runtime.approval import Approver
 from sandbox_runtime.calls import HostResult, ToolCall, ToolOutcome, TurnReport
 from sandbox_runtime.control import CallControl
+from sandbox_runtime.dispatch_results import Pending, outcome, replayed, to_stored
 from sandbox_runtime.errors import InvalidToolArguments
-from sandbox_runtime.execution import CallRunner, Ran
+from sandbox_runtime.execution import CallRunner, Ran, internal_error, is_infrastructure
 from sandbox_runtime.policy import Policy
 from sandbox_runtime.records import CallRecord, StoredResult
 from sandbox_runtime.spill.budget import BudgetCandidate, BudgetDecision, plan_turn_budget
 from sandbox_runtime.spill.failures import spill_error
-from sandbox_runtime.spill.spiller import ResultDescriptor, result_text, spill_result
+from sandbox_runtime.spill.spiller import result_text, spill_result
 from sandbox_runtime.spill.streamed import TableStream
 from sandbox_runtime.state import StateDB
 from sandbox_runtime.tools.base import SpillMode, ToolContext, ToolSpec
@@ -52,31 +54,6 @@ _CALL_ID_MAX_CHARS = 200
 _PARALLEL_CALLS_MAX = 8
 
 
-class _Pending(BaseModel):
-    """One new result between execution and the stored decision."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    call_id: str
-    tool: str
-    is_error: bool
-    body: str
-    stand_in: str | None = None
-    tail: str = ""
-    descriptor: ResultDescriptor | None = None
-    error_path: str | None = None
-    replaced: bool = False
-    warnings: list[str] = Field(default_factory=list)
-    details: dict[str, Any] | None = None
-    blocks: list[dict[str, Any]] = Field(default_factory=list)
-    annotations: dict[str, Any] | None = None
-    structured: Any = None
-
-    def text(self) -> str:
-        shown = self.stand_in if self.replaced and self.stand_in is not None else self.body
-        return "\n".join(part for part in (shown, self.tail) if part)
-
-
 @dataclass
 class PreparedCall:
     """One call of a turn between its run and its decision: either ran now (``ran`` and ``pending``) or decided
@@ -86,7 +63,7 @@ class PreparedCall:
     call_id: str
     ctx: ToolContext  # the context it ran in: its results folder is synced before the decision
     ran: Ran | None = None
-    pending: _Pending | None = None
+    pending: Pending | None = None
     stored: StoredResult | None = None
 
 
@@ -124,8 +101,23 @@ class Dispatcher:
         ids = _unique([_check_call_id(item.call_id) for item in calls])  # checked before anything runs
         stored = self.state.stored_results(conversation_id, ids)
         ctx = self._context(conversation_id)
-        prepared = self._prepare_all(ctx, calls, stored, approver, control)
-        return self.settle(conversation_id, prepared, turn_id)
+        prepared, failures = self._prepare_all(ctx, calls, stored, approver, control)
+        if not failures:
+            return self.settle(conversation_id, prepared, turn_id)
+        failed_id, failure = failures[0]
+        if prepared:  # the calls that finished keep their decisions: a retry replays them, never runs them again
+            try:
+                report = self.settle(conversation_id, prepared, turn_id)
+            except BaseException as unsettled:
+                raise unsettled from failure
+            decided = ", ".join(o.call_id for o in report.outcomes)
+            failure.add_note(
+                f"call {failed_id} failed; the other calls of turn {report.turn_id} were decided and stored "
+                f"({decided}): run the turn again with the same call ids to get them without running them again"
+            )
+        for other_id, other in failures[1:]:
+            failure.add_note(f"call {other_id} failed as well: {type(other).__name__}: {other}")
+        raise failure
 
     def prepare(
         self,
@@ -142,7 +134,10 @@ class Dispatcher:
             item = item.model_copy(update={"call_id": _new_call_id()})
         call_id = _check_call_id(item.call_id)
         stored = self.state.stored_results(conversation_id, [call_id])
-        return self._prepare_all(self._context(conversation_id), [item], stored, approver, control)[0]
+        prepared, failures = self._prepare_all(self._context(conversation_id), [item], stored, approver, control)
+        if failures:
+            raise failures[0][1]
+        return prepared[0]
 
     def settle(
         self,
@@ -169,14 +164,14 @@ class Dispatcher:
             if p.ran is not None
         ]
         kept = self.state.store_results(
-            [_to_stored(conversation_id, turn_id, now, p) for p in pending.values()], records
+            [to_stored(conversation_id, turn_id, now, p) for p in pending.values()], records
         )  # written before anything is returned; a concurrent first decision wins
         outcomes = []
         for call_id in ids:
             if call_id in pending and kept[call_id].text == pending[call_id].text():
-                outcomes.append(_outcome(pending[call_id]))
+                outcomes.append(outcome(pending[call_id]))
             else:
-                outcomes.append(_replayed(stored.get(call_id) or kept[call_id]))
+                outcomes.append(replayed(stored.get(call_id) or kept[call_id]))
         return TurnReport(
             turn_id=turn_id,
             outcomes=outcomes,
@@ -188,7 +183,7 @@ class Dispatcher:
         )
 
     @staticmethod
-    def _sync(ctx: ToolContext, pending: dict[str, _Pending]) -> None:
+    def _sync(ctx: ToolContext, pending: dict[str, Pending]) -> None:
         try:
             ctx.root.sync()
         except OSError as exc:
@@ -205,19 +200,32 @@ class Dispatcher:
         stored: dict[str, StoredResult],
         approver: Approver | None,
         control: CallControl | None = None,
-    ) -> list[PreparedCall]:
-        def prepare(item: ToolCall | HostResult) -> PreparedCall:
+    ) -> tuple[list[PreparedCall], list[tuple[str, BaseException]]]:
+        """Every item run (or found decided) and spilled; and the calls that raised (infrastructure failures), each
+        with its call id — one call's failure stops none of the others."""
+
+        def prepare(item: ToolCall | HostResult) -> PreparedCall | BaseException:
             call_id = item.call_id or ""
             if call_id in stored:
                 return PreparedCall(item=item, call_id=call_id, ctx=ctx, stored=stored[call_id])
             own = dataclasses.replace(ctx, call_id=call_id, control=control)
-            ran = self._run_one(own, item, approver)
-            return PreparedCall(item=item, call_id=call_id, ctx=ctx, ran=ran, pending=self._spill(ctx, item, ran))
+            try:
+                ran = self._run_one(own, item, approver)
+                ran, pending = self._spill_or_fault(ctx, item, ran)
+            except BaseException as exc:  # raised once the others of the turn are decided
+                return exc
+            return PreparedCall(item=item, call_id=call_id, ctx=ctx, ran=ran, pending=pending)
 
         if sum(isinstance(item, ToolCall) and item.call_id not in stored for item in items) <= 1:
-            return [prepare(item) for item in items]
-        with ThreadPoolExecutor(max_workers=_PARALLEL_CALLS_MAX, thread_name_prefix="sandbox-runtime-call") as pool:
-            return list(pool.map(prepare, items))
+            done = [prepare(item) for item in items]
+        else:
+            with ThreadPoolExecutor(max_workers=_PARALLEL_CALLS_MAX, thread_name_prefix="sandbox-runtime-call") as pool:
+                done = list(pool.map(prepare, items))
+        prepared = [p for p in done if isinstance(p, PreparedCall)]
+        failures = [
+            (item.call_id or "", p) for item, p in zip(items, done, strict=True) if isinstance(p, BaseException)
+        ]
+        return prepared, failures
 
     def _run_one(self, ctx: ToolContext, item: ToolCall | HostResult, approver: Approver | None) -> Ran:
         if isinstance(item, HostResult):
@@ -225,7 +233,7 @@ class Dispatcher:
         return self.runner.run(ctx, item.call_id or "", item.tool, item.arguments, approver=approver)
 
     def _record(
-        self, conversation_id: str, turn_id: str, item: ToolCall | HostResult, ran: Ran, pending: _Pending
+        self, conversation_id: str, turn_id: str, item: ToolCall | HostResult, ran: Ran, pending: Pending
     ) -> CallRecord:
         arguments = item.arguments if isinstance(item, ToolCall) else None
         descriptor = None if pending.descriptor is None else pending.descriptor.model_dump_json()
@@ -234,6 +242,18 @@ class Dispatcher:
         )
 
     # ------------------------------------------------------------------------------------------ spill
+    def _spill_or_fault(self, ctx: ToolContext, item: ToolCall | HostResult, ran: Ran) -> tuple[Ran, Pending]:
+        """The spilled result; when saving it fails unexpectedly (a result no writer takes), an internal-error
+        result in its place, logged with its traceback."""
+        try:
+            return ran, self._spill(ctx, item, ran)
+        except Exception as exc:
+            if is_infrastructure(exc):
+                raise
+            logger.exception("internal error saving the result of %s (call %s)", ran.target, item.call_id)
+            ran = dataclasses.replace(ran, ret=internal_error(ran.target, exc, during=" (saving its result)"))
+            return ran, self._spill(ctx, item, ran)
+
     def _mode(self, item: ToolCall | HostResult, tool: str) -> tuple[SpillMode, int | None]:
         if isinstance(item, HostResult):
             mode, threshold = item.spill_mode, item.threshold_chars
@@ -245,9 +265,9 @@ class Dispatcher:
             mode, threshold = rule.mode, rule.threshold_chars or threshold
         return mode, threshold
 
-    def _spill(self, ctx: ToolContext, item: ToolCall | HostResult, ran: Ran) -> _Pending:
+    def _spill(self, ctx: ToolContext, item: ToolCall | HostResult, ran: Ran) -> Pending:
         call_id, ret, tool = item.call_id or "", ran.ret, ran.target
-        pending = _Pending(
+        pending = Pending(
             call_id=call_id,
             tool=item.tool,
             is_error=ret.is_error,
@@ -302,7 +322,7 @@ class Dispatcher:
         return pending
 
     def _budget(
-        self, ids: list[str], stored: dict[str, StoredResult], pending: dict[str, _Pending], shown_before_chars: int
+        self, ids: list[str], stored: dict[str, StoredResult], pending: dict[str, Pending], shown_before_chars: int
     ) -> BudgetDecision:
         candidates = []
         for call_id in ids:
@@ -349,52 +369,3 @@ def _unique(ids: list[str]) -> list[str]:
         repeated = ", ".join(sorted(call_id for call_id, n in Counter(ids).items() if n > 1))
         raise InvalidToolArguments(f"call ids must be unique within a turn; repeated: {repeated}")
     return ids
-
-
-def _to_stored(conversation_id: str, turn_id: str, now: float, p: _Pending) -> StoredResult:
-    return StoredResult(
-        conversation_id=conversation_id,
-        call_id=p.call_id,
-        tool=p.tool,
-        turn_id=turn_id,
-        decided_at=now,
-        is_error=p.is_error,
-        replaced=_shows_stand_in(p),
-        text=p.text(),
-        descriptor=None if p.descriptor is None else p.descriptor.model_dump_json(),
-        error_path=p.error_path,
-    )
-
-
-def _shows_stand_in(p: _Pending) -> bool:
-    return p.replaced or bool(p.descriptor and p.descriptor.truncated_inline)
-
-
-def _outcome(p: _Pending) -> ToolOutcome:
-    return ToolOutcome(
-        call_id=p.call_id,
-        tool=p.tool,
-        is_error=p.is_error,
-        text=p.text(),
-        descriptor=p.descriptor,
-        error_path=p.error_path,
-        replaced=_shows_stand_in(p),
-        warnings=p.warnings,
-        details=p.details,
-        blocks=p.blocks,
-        annotations=p.annotations,
-        structured=p.structured,
-    )
-
-
-def _replayed(s: StoredResult) -> ToolOutcome:
-    return ToolOutcome(
-        call_id=s.call_id,
-        tool=s.tool,
-        is_error=s.is_error,
-        text=s.text,
-        descriptor=None if s.descriptor is None else ResultDescriptor.model_validate(json.loads(s.descriptor)),
-        error_path=s.error_path,
-        replaced=s.replaced,
-        replayed=True,
-    )

@@ -7,7 +7,8 @@ raises, runs out of time or memory) are *results* with ``is_error`` set, never e
 
     SandboxRuntimeError
     ├── ToolFailure                            the model's call or a file the sandbox wrote cannot be used: a tool
-    │   │                                      error the model reads (the pipeline catches it), never raised further
+    │   │                                      error the model reads (the pipeline catches it), never raised further;
+    │   │                                      any other exception inside a tool becomes an internal-error result
     │   ├── InvalidToolArguments (ValueError)  a tool call's arguments do not fit its schema or the policy's caps
     │   │   ├── UnknownTool                    no tool has that name
     │   │   └── QueryFailed                    SQLite refused or stopped a sql_query (says why)
@@ -25,12 +26,14 @@ raises, runs out of time or memory) are *results* with ``is_error`` set, never e
     ├── InvalidConversationId (ValueError)     a conversation id has bad characters or length
     ├── ToolNameTaken (ValueError)             register_tool: a built-in or registered tool already has the name
     ├── ConversationDeleted                    the conversation was deleted; open it again from the runtime
+    ├── StateVersionUnknown                    the state database was written by a newer version: not opened
     ├── EngineUnavailable (ConnectionError)    the Docker engine cannot be reached
     ├── SelfCheckFailed                        the hardening profile is not in force: no sandbox starts
     ├── ImageError                             the executor image is missing or could not be built
     ├── SandboxError                           a container could not be created, started or used
     │   └── SandboxGone                        the container was removed or stopped behind the runtime's back
     ├── UpstreamError                          an upstream MCP server is down, died in a call, or did not answer
+    │                                          (in a call: a result the model reads; at gateway start: raised)
     └── QuotaError (OSError)                   the per-conversation disk quota could not be set up
 
 Built-in mix-ins let callers catch ``ValueError``, ``PermissionError``, ``ConnectionError`` or ``OSError``
@@ -60,6 +63,7 @@ __all__ = [
     "SandboxGone",
     "SandboxRuntimeError",
     "SelfCheckFailed",
+    "StateVersionUnknown",
     "ToolFailure",
     "ToolNameTaken",
     "UnknownTool",
@@ -87,6 +91,11 @@ class ToolFailure(SandboxRuntimeError):
 
 class ToolNameTaken(SandboxRuntimeError, ValueError):
     """``register_tool`` was given a name a built-in or an already registered tool has."""
+
+
+class StateVersionUnknown(SandboxRuntimeError):
+    """The state database has a schema version newer than this sandbox-runtime knows (a newer version wrote
+    it); nothing in it was changed."""
 
 
 class ConversationDeleted(SandboxRuntimeError):

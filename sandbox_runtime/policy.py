@@ -171,8 +171,12 @@ class ToolsPolicy(_Model):
     table_cell_max_chars: PositiveInt = Field(
         1_048_576, description="Longest cell a host-side reader of a table file accepts; longer: a tool error."
     )
-    json_nesting_max: PositiveInt = Field(
-        64, description="Deepest nesting of arrays and objects accepted in a table file or in tool arguments."
+    json_nesting_max: int = Field(
+        64,
+        ge=1,
+        le=500,  # Python's serialisers and validators recurse: far below the interpreter's recursion limit
+        description="Deepest nesting of arrays and objects accepted in a table file or in tool arguments (the "
+        "arguments object or the row is level 1).",
     )
     render_cell_max_chars: PositiveInt = Field(
         500, description="render_table shows at most this many characters of a cell, then a marker."
@@ -181,9 +185,15 @@ class ToolsPolicy(_Model):
         100_000, description="Most characters render_table returns in all; past it rows are cut with a marker."
     )
     outputs_max_bytes: PositiveInt = Field(
-        1 * GiB, description="Bytes all attachments of one conversation (outputs/) may take on the host's disk."
+        1 * GiB,
+        description="Bytes of distinct content all attachments of one conversation (outputs/) may take; the same "
+        "content attached again is stored once and adds nothing.",
     )
-    outputs_files_max: PositiveInt = Field(1000, description="Most distinct attachments one conversation keeps.")
+    outputs_files_max: PositiveInt = Field(
+        1000,
+        description="Most attachments one conversation keeps: each successful attach_file counts, also when its "
+        "content is already stored.",
+    )
 
 
 Rule = Literal["allow", "deny", "ask"]

@@ -20,6 +20,9 @@
 
 ``Conversation.run_python`` is the low-level call (a :class:`RunPythonResult`, nothing spilled); a model's calls
 go through :meth:`Conversation.call` / :meth:`Conversation.run_turn`.
+
+A :class:`Conversation` (:mod:`~sandbox_runtime.conversation`) that was deleted raises
+:class:`~sandbox_runtime.errors.ConversationDeleted`; ``runtime.conversation(id)`` opens the id again afresh.
 """
 
 from __future__ import annotations
@@ -33,26 +36,20 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict
-
 from sandbox_runtime.approval import Approver
-from sandbox_runtime.control import CallControl
-from sandbox_runtime.dispatch import Dispatcher, HostResult, ToolCall, ToolOutcome, TurnReport
+from sandbox_runtime.conversation import Conversation, SavedResult
+from sandbox_runtime.dispatch import Dispatcher
+from sandbox_runtime.errors import ToolNameTaken
 from sandbox_runtime.policy import Policy, load_policy
-from sandbox_runtime.records import Attachment, CallRecord, StoredResult
 from sandbox_runtime.sandbox.backend import SandboxBackend
-from sandbox_runtime.sandbox.manager import Removal, Sandbox, SandboxManager
+from sandbox_runtime.sandbox.manager import Removal, SandboxManager
 from sandbox_runtime.sandbox.selfcheck import SelfCheckReport
-from sandbox_runtime.spill.history import HistoryRebuild, rebuild_history
 from sandbox_runtime.spill.retention import RetentionReport, expire_results
-from sandbox_runtime.spill.spiller import ResultDescriptor
 from sandbox_runtime.state import StateDB
-from sandbox_runtime.store.folders import ConversationFolders, ConversationStore, validate_conversation_id
-from sandbox_runtime.store.quota import QuotaUsage
+from sandbox_runtime.store.folders import ConversationStore
 from sandbox_runtime.tools.base import SpillMode, ToolContext, ToolSpec
 from sandbox_runtime.tools.builtin import builtin_tools
 from sandbox_runtime.tools.host import host_tool
-from sandbox_runtime.tools.run_python import RunPythonArgs, RunPythonResult, run_python
 
 __all__ = ["Conversation", "Runtime", "SavedResult", "default_state_dir"]
 
@@ -66,151 +63,6 @@ def default_state_dir(environment: Mapping[str, str] | None = None) -> Path:
         return Path(env["SANDBOX_RUNTIME_STATE_DIR"])
     base = env.get("XDG_STATE_HOME") or str(Path(env.get("HOME", "/root")) / ".local" / "state")
     return Path(base) / "sandbox-runtime"
-
-
-class SavedResult(BaseModel):
-    """A result that was saved to a file: which call made it, when, and the file's descriptor."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    call_id: str
-    tool: str
-    decided_at: float
-    descriptor: ResultDescriptor
-
-
-class Conversation:
-    """One conversation: its sandbox (started on first use) and its folders."""
-
-    def __init__(self, runtime: Runtime, conversation_id: str) -> None:
-        self.runtime = runtime
-        self.id = validate_conversation_id(conversation_id)
-
-    def sandbox(self) -> Sandbox:
-        """The running sandbox, started (or re-attached) when needed."""
-        return self.runtime.manager.get_or_create(self.id)
-
-    @property
-    def folders(self) -> ConversationFolders:
-        """Where the conversation's files are on the host (made and mounted when needed)."""
-        return self.runtime.manager.folders(self.id)
-
-    def run_python(
-        self,
-        code: str | None = None,
-        *,
-        script_path: str | None = None,
-        args: list[str] | None = None,
-        timeout_s: float | None = None,
-    ) -> RunPythonResult:
-        """Run inline ``code`` or a ``script_path`` in the results folder; see :mod:`~.tools.run_python`."""
-        raw: dict[str, object] = {
-            "code": code,
-            "script_path": script_path,
-            "args": list(args or []),
-            "timeout_s": timeout_s,
-        }
-        return run_python(self.runtime.manager, self.id, raw)
-
-    def call_run_python(self, arguments: RunPythonArgs | dict[str, object]) -> RunPythonResult:
-        """Run with arguments exactly as a model sent them (validated against the tool schema)."""
-        return run_python(self.runtime.manager, self.id, arguments)
-
-    def call(
-        self,
-        tool: str,
-        arguments: dict[str, Any] | None = None,
-        *,
-        call_id: str | None = None,
-        control: CallControl | None = None,
-    ) -> ToolOutcome:
-        """Run one built-in tool call as a turn of its own; see :meth:`run_turn`. ``control`` lets another
-        thread cancel it (a run ends every process it started) and hear its progress."""
-        item = ToolCall(tool=tool, arguments=arguments or {}, call_id=call_id)
-        return self.run_turn([item], control=control).outcomes[0]
-
-    def submit(
-        self,
-        tool: str,
-        call_id: str,
-        result: object,
-        *,
-        is_error: bool = False,
-        spill_mode: SpillMode = "normal",
-        threshold_chars: int | None = None,
-    ) -> ToolOutcome:
-        """Hand in the result of one of the host's own tools as a turn of its own (spill applies); a
-        ``self_bounded`` tool is never spilled, ``threshold_chars`` sets its own spill threshold."""
-        item = HostResult(
-            tool=tool,
-            call_id=call_id,
-            result=result,
-            is_error=is_error,
-            spill_mode=spill_mode,
-            threshold_chars=threshold_chars,
-        )
-        return self.run_turn([item]).outcomes[0]
-
-    def run_turn(
-        self, items: list[ToolCall | HostResult], *, turn_id: str | None = None, control: CallControl | None = None
-    ) -> TurnReport:
-        """Run a batch of calls together: built-in calls in parallel, host results taken in, then the spill and
-        the per-turn budget over all of them. Each decision is stored before this returns; a call id seen
-        before gives its stored outcome again without running anything."""
-        return self.runtime.dispatcher.run_turn(self.id, items, turn_id, control=control)
-
-    def rebuild_history(self, messages: list[Any]) -> HistoryRebuild:
-        """The host's message list with every decided tool result replayed byte for byte (see
-        :mod:`~sandbox_runtime.spill.history`); ``messages`` itself is not changed."""
-        decided = self.runtime.state.stored_results(self.id)
-        return rebuild_history(messages, {call_id: r.text for call_id, r in decided.items()})
-
-    def calls(self) -> list[CallRecord]:
-        """The execution record: every call with its short and expanded arguments, status and timings."""
-        return self.runtime.state.calls(self.id)
-
-    def attachments(self) -> list[Attachment]:
-        """Files handed to the user as downloads (kept in ``outputs/``, outside retention), oldest first."""
-        return self.runtime.state.attachments(self.id)
-
-    def spills(self) -> list[SavedResult]:
-        """Every result saved to a file (spills, exports, built files), oldest first, with its descriptor."""
-        return [
-            SavedResult(
-                call_id=d.call_id,
-                tool=d.tool,
-                decided_at=d.decided_at,
-                descriptor=ResultDescriptor.model_validate_json(d.descriptor),
-            )
-            for d in self.runtime.state.stored_results(self.id).values()
-            if d.descriptor is not None
-        ]
-
-    def decisions(self) -> list[StoredResult]:
-        """Every stored tool-result decision of this conversation, oldest first."""
-        return list(self.runtime.state.stored_results(self.id).values())
-
-    def usage(self) -> QuotaUsage:
-        """Bytes used in the results folder against the conversation's quota (a look: a volume mounted for it
-        is released again when nothing else uses the conversation)."""
-        with self.runtime.manager.borrowed(self.id) as folders:
-            return self.runtime.store.usage(folders)
-
-    def close(self) -> bool:
-        """End the sandbox and release the quota volume (unmounted until the next use; not while another live
-        process holds the conversation); the folders stay. True when a sandbox was running."""
-        return self.runtime.manager.close(self.id)
-
-    def delete(self) -> None:
-        """End the sandbox and delete every file of the conversation (results, outputs, quota volume)."""
-        manager = self.runtime.manager
-        with manager.lock(self.id):
-            manager.close(self.id)
-            record = self.runtime.state.conversation(self.id)
-            if record is not None:
-                mode = record.quota_mode
-                self.runtime.store.delete(self.runtime.store.folders(self.id, quota_mode=mode))  # type: ignore[arg-type]
-                self.runtime.state.forget_conversation(self.id)
 
 
 class Runtime:
@@ -243,19 +95,28 @@ class Runtime:
         self.policy = policy if isinstance(policy, Policy) else load_policy(policy)
         self.state_dir = Path(state_dir) if state_dir is not None else default_state_dir()
         self.state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-        if backend is None:
-            from sandbox_runtime.sandbox.docker_backend import DockerBackend  # noqa: PLC0415  (lazy: the seam)
-
-            backend = DockerBackend()
-        self.backend = backend
-        if image is None:
-            from sandbox_runtime.sandbox.image import executor_image_tag  # noqa: PLC0415
-
-            image = self.policy.sandbox.image or executor_image_tag()
+        # first: a state database this version cannot open (a newer schema) is refused before anything starts
         self.state = StateDB(self.state_dir / "state.sqlite3")
-        self.store = ConversationStore(self.state_dir, self.policy)
-        self.manager = SandboxManager(backend, self.policy, self.store, self.state, image, extra_labels=extra_labels)
+        try:
+            if backend is None:
+                from sandbox_runtime.sandbox.docker_backend import DockerBackend  # noqa: PLC0415  (lazy: the seam)
+
+                backend = DockerBackend()
+            self.backend = backend
+            if image is None:
+                from sandbox_runtime.sandbox.image import executor_image_tag  # noqa: PLC0415
+
+                image = self.policy.sandbox.image or executor_image_tag()
+            self.store = ConversationStore(self.state_dir, self.policy)
+            self.manager = SandboxManager(
+                backend, self.policy, self.store, self.state, image, extra_labels=extra_labels
+            )
+        except BaseException:
+            self.state.close()
+            raise
         self.tools: dict[str, ToolSpec] = builtin_tools(self.policy)
+        self._builtin_names = frozenset(self.tools)
+        self._tools_guard = threading.Lock()
         self.dispatcher = Dispatcher(self.state, self.policy, self.tools, self._tool_context, approver=approver)
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
@@ -265,6 +126,7 @@ class Runtime:
                 self.manager.sweep_orphans()
             except BaseException:
                 self.manager.end_lease()  # no runtime came of it: nothing of this process holds anything
+                self.state.close()
                 raise
         if reap_interval_s is not None:
             self._every(reap_interval_s, "reaper", self.manager.reap)
@@ -316,12 +178,15 @@ class Runtime:
         or a :class:`~sandbox_runtime.spill.streamed.TableStream`); an exception it raises becomes a tool error
         the model reads. ``input_schema`` is a JSON schema the arguments are validated against (after a
         delegate_call expanded them). A name outside ``^[a-zA-Z0-9_-]{1,64}$`` or a schema that is not a JSON
-        schema raises ``ValueError``. With ``pass_call=True`` the handler is called as ``handler(arguments, call)``
+        schema raises ``ValueError``; a name a built-in tool or a tool registered before has (the gateway's
+        upstream tools are registered as ``<upstream>__<tool>``) raises
+        :class:`~sandbox_runtime.errors.ToolNameTaken` (a ``ValueError`` too), naming what has it: nothing is
+        ever replaced. With ``pass_call=True`` the handler is called as ``handler(arguments, call)``
         with a :class:`~sandbox_runtime.tools.host.HostCall` (conversation, call id, results folder, cancellation
         and progress). ``title``, ``annotations`` (MCP tool annotations) and ``output_schema`` are shown to MCP
         clients as they are.
         """
-        self.tools[name] = host_tool(
+        spec = host_tool(
             name,
             handler,
             description=description,
@@ -332,9 +197,24 @@ class Runtime:
             annotations=annotations,
             output_schema=output_schema,
         )
+        with self._tools_guard:
+            taken = self.tools.get(name)
+            if taken is not None:
+                raise ToolNameTaken(
+                    f"the tool name {name!r} is taken by {self._holder(taken)}; register yours under another name"
+                )
+            self.tools[name] = spec
+
+    def _holder(self, spec: ToolSpec) -> str:
+        """What has a tool's name, in words: the built-in, or the registered tool with its description's start."""
+        if spec.name in self._builtin_names:
+            return f"the built-in tool {spec.name}"
+        said = spec.description.strip().splitlines()[0] if spec.description.strip() else ""
+        said = said if len(said) <= 80 else said[:79] + "…"
+        return f"a tool registered before ({said!r})" if said else "a tool registered before"
 
     def conversation(self, conversation_id: str) -> Conversation:
-        """The conversation with this id (nothing starts until it is used)."""
+        """The conversation with this id (nothing starts until it is used); after a deletion, a new one."""
         return Conversation(self, conversation_id)
 
     def doctor(self) -> SelfCheckReport:

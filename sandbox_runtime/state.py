@@ -2,19 +2,26 @@
 tool result (persisted replacements), the files retention removed, and which live process uses what (its
 :class:`~sandbox_runtime.leases.Leases`, as ``StateDB.leases``).
 
-Every write is one transaction; WAL mode keeps readers from blocking the writer. Connections are per thread.
-Model-facing texts are stored as UTF-8 blobs (surrogates passed through), so a replayed text is the same string.
+Every write is one transaction; WAL mode keeps readers from blocking the writer. Each thread has its own
+connection, closed when the thread ends (a host that serves each request on a thread of its own keeps no
+descriptor of the threads that are gone) and, for every thread, when the ``StateDB`` closes. Model-facing texts
+are stored as UTF-8 blobs (surrogates passed through), so a replayed text is the same string.
+
+The schema has a version, and opening a database migrates it (:mod:`~sandbox_runtime.state_schema`).
 """
 
 from __future__ import annotations
 
 import contextlib
+import itertools
 import sqlite3
 import threading
 import time
+import weakref
 from collections.abc import Iterator
 from pathlib import Path
 
+from sandbox_runtime.errors import ConversationDeleted
 from sandbox_runtime.leases import Leases
 from sandbox_runtime.records import (
     Attachment,
@@ -24,76 +31,9 @@ from sandbox_runtime.records import (
     SandboxRecord,
     StoredResult,
 )
+from sandbox_runtime.state_schema import SCHEMA_VERSION, migrate
 
-__all__ = ["StateDB"]
-
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS conversations (
-    id TEXT PRIMARY KEY,
-    created_at REAL NOT NULL,
-    quota_mode TEXT NOT NULL,
-    quota_bytes INTEGER NOT NULL,
-    runs INTEGER NOT NULL DEFAULT 0
-);
-CREATE TABLE IF NOT EXISTS sandboxes (
-    container_id TEXT PRIMARY KEY,
-    conversation_id TEXT NOT NULL REFERENCES conversations(id),
-    created_at REAL NOT NULL,
-    last_used_at REAL NOT NULL,
-    removed_at REAL,
-    removed_reason TEXT
-);
-CREATE INDEX IF NOT EXISTS sandboxes_live ON sandboxes(conversation_id) WHERE removed_at IS NULL;
-CREATE TABLE IF NOT EXISTS tool_results (
-    conversation_id TEXT NOT NULL,
-    call_id TEXT NOT NULL,
-    tool TEXT NOT NULL,
-    turn_id TEXT,
-    decided_at REAL NOT NULL,
-    is_error INTEGER NOT NULL,
-    replaced INTEGER NOT NULL,
-    text BLOB NOT NULL,
-    descriptor TEXT,
-    error_path TEXT,
-    PRIMARY KEY (conversation_id, call_id)
-);
-CREATE TABLE IF NOT EXISTS calls (
-    conversation_id TEXT NOT NULL,
-    call_id TEXT NOT NULL,
-    turn_id TEXT,
-    tool TEXT NOT NULL,
-    target TEXT NOT NULL,
-    started_at REAL NOT NULL,
-    finished_at REAL NOT NULL,
-    status TEXT NOT NULL,
-    arguments BLOB,
-    expanded BLOB,
-    arguments_sha256 TEXT,
-    arguments_cut INTEGER NOT NULL DEFAULT 0,
-    descriptor TEXT,
-    error_path TEXT,
-    PRIMARY KEY (conversation_id, call_id)
-);
-CREATE TABLE IF NOT EXISTS attachments (
-    conversation_id TEXT NOT NULL,
-    attachment_id TEXT PRIMARY KEY,
-    filename TEXT NOT NULL,
-    bytes INTEGER NOT NULL,
-    mime_type TEXT NOT NULL,
-    sha256 TEXT NOT NULL,
-    source TEXT NOT NULL,
-    host_path TEXT NOT NULL,
-    created_at REAL NOT NULL
-);
-CREATE TABLE IF NOT EXISTS expired_files (
-    conversation_id TEXT NOT NULL,
-    path TEXT NOT NULL,
-    bytes INTEGER NOT NULL,
-    modified_at REAL NOT NULL,
-    removed_at REAL NOT NULL,
-    PRIMARY KEY (conversation_id, path)
-);
-"""
+__all__ = ["SCHEMA_VERSION", "StateDB"]
 
 
 def _text_blob(text: str) -> bytes:
@@ -106,25 +46,65 @@ def _stored(row: sqlite3.Row) -> StoredResult:
     return StoredResult(**fields)
 
 
+class _Slot:
+    """A thread's connection, kept in the ``StateDB``'s thread-local storage: when the thread ends, its storage
+    goes and so does the slot, whose finalizer closes the connection."""
+
+    __slots__ = ("__weakref__", "db", "generation")
+
+    def __init__(self, db: sqlite3.Connection, generation: int) -> None:
+        self.db = db
+        self.generation = generation
+
+
+def _close_tracked(tracked: dict[int, sqlite3.Connection], guard: threading.Lock, key: int) -> None:
+    """Close one tracked connection unless it was closed already (a finalizer: holds no ``StateDB``)."""
+    with guard:
+        db = tracked.pop(key, None)
+    if db is not None:
+        db.close()
+
+
 class StateDB:
-    """A small typed wrapper around ``STATE_DIR/state.sqlite3``."""
+    """A small typed wrapper around ``STATE_DIR/state.sqlite3``; see the module's text for its connections and
+    its schema version. Opening a database of a newer schema version raises :class:`SandboxRuntimeError`."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
         self._local = threading.local()
-        with self._connect() as db:
-            db.executescript(_SCHEMA)
-        self.leases = Leases(self._connect, self._transaction)
+        self._tracked: dict[int, sqlite3.Connection] = {}  # every open connection, by slot number
+        self._tracked_guard = threading.Lock()
+        self._numbers = itertools.count()
+        self._generation = 0  # close() moves it on: a slot of an earlier generation holds a closed connection
+        try:
+            migrate(self._connect(), path)
+            self.leases = Leases(self._connect, self._transaction)
+        except BaseException:
+            self.close()
+            raise
 
     def _connect(self) -> sqlite3.Connection:
-        db: sqlite3.Connection | None = getattr(self._local, "db", None)
-        if db is None:
-            db = sqlite3.connect(self.path, timeout=30, isolation_level=None)
+        """This thread's connection, opened on its first use (again after :meth:`close`)."""
+        slot: _Slot | None = getattr(self._local, "slot", None)
+        if slot is not None and slot.generation == self._generation:
+            return slot.db
+        # not tied to its thread, so that close() (or a finalizer) can close it from another one; only its own
+        # thread ever runs statements on it
+        db = sqlite3.connect(self.path, timeout=30, isolation_level=None, check_same_thread=False)
+        try:
             db.row_factory = sqlite3.Row
             db.execute("PRAGMA journal_mode=WAL")
             db.execute("PRAGMA synchronous=FULL")
             db.execute("PRAGMA foreign_keys=ON")
-            self._local.db = db
+        except BaseException:
+            db.close()
+            raise
+        key = next(self._numbers)
+        with self._tracked_guard:
+            self._tracked[key] = db
+            slot = _Slot(db, self._generation)
+        weakref.finalize(slot, _close_tracked, self._tracked, self._tracked_guard, key)
+        self._local.slot = slot
         return db
 
     @contextlib.contextmanager
@@ -139,11 +119,20 @@ class StateDB:
             raise
         db.execute("COMMIT")
 
+    def open_connections(self) -> int:
+        """How many connections are open now (one per thread that used the database and is still running)."""
+        with self._tracked_guard:
+            return len(self._tracked)
+
     def close(self) -> None:
-        db: sqlite3.Connection | None = getattr(self._local, "db", None)
-        if db is not None:
+        """Close the connection of every thread (call it when no other thread is inside a state operation); a
+        thread that uses the database afterwards opens a new one."""
+        with self._tracked_guard:
+            self._generation += 1
+            closing = list(self._tracked.values())
+            self._tracked.clear()
+        for db in closing:
             db.close()
-            self._local.db = None
 
     # conversations ---------------------------------------------------------------------------------------
     def ensure_conversation(self, conversation_id: str, quota_mode: str, quota_bytes: int) -> ConversationRecord:
@@ -171,13 +160,18 @@ class StateDB:
             db.execute("DELETE FROM conversations WHERE id = ?", (conversation_id,))
 
     def next_run_number(self, conversation_id: str) -> int:
+        """The conversation's next run number; :class:`ConversationDeleted` when it is no longer recorded (another
+        process deleted it between the start of the run and now)."""
         row = (
             self._connect()
             .execute("UPDATE conversations SET runs = runs + 1 WHERE id = ? RETURNING runs", (conversation_id,))
             .fetchone()
         )
         if row is None:
-            raise KeyError(conversation_id)
+            raise ConversationDeleted(
+                f"conversation {conversation_id!r} was deleted while it was in use; open it again with "
+                f"runtime.conversation({conversation_id!r}) to start it afresh"
+            )
         return int(row[0])
 
     # sandboxes -------------------------------------------------------------------------------------------

@@ -7,6 +7,10 @@ its group has finished, then the budget is planned over the group at once (large
 answer. Calls of a turn id that arrive after a group was decided still count what that turn already showed, so a
 turn split over several groups stays within one budget (remembered for the last ``_TURNS_REMEMBERED`` turn ids
 of this process).
+
+A call whose run raises (only infrastructure failures do; every other failure is a result) counts as finished for
+its group and raises to its own caller alone: the others of its group are decided and stored as usual, whichever
+of them finishes last, so a retry with their call ids replays them.
 """
 
 from __future__ import annotations

@@ -35,7 +35,11 @@ def test_a_built_report_is_attached_as_a_plain_0644_copy_that_survives_retention
     st = copy.lstat()
     assert stat.S_ISREG(st.st_mode)
     assert stat.S_IMODE(st.st_mode) == 0o644
-    assert st.st_nlink == 1
+    assert st.st_nlink == 2  # its own name and its content's, both in outputs/ (the content is stored once)
+    [content] = (conversation.folders.outputs / ".blobs").iterdir()
+    assert content.name == card.sha256
+    assert os.path.samestat(content.stat(), st)
+    assert not os.path.samestat(source.stat(), st)  # a copy, never a link to the sandbox's file
     assert conversation.folders.outputs in copy.parents
     assert card.attachment_id in out.text
     assert "download" in out.text

@@ -9,7 +9,6 @@ the backend (not through the runner, whose start-up sweep would hide a process a
 from __future__ import annotations
 
 import itertools
-import json
 import os
 import re
 import textwrap
@@ -26,9 +25,8 @@ from sandbox_runtime.calls import ToolCall
 from sandbox_runtime.control import CallControl
 from sandbox_runtime.policy import Policy
 from sandbox_runtime.runtime import Conversation, Runtime
-from sandbox_runtime.sandbox.backend import ExecRequest
-from sandbox_runtime.sandbox.profile import LABEL_CONVERSATION, PYTHON, code_user
 from sandbox_runtime.tools.run_python import RunPythonResult, run_python
+from tests.sandbox_processes import code_processes, sandbox_container
 
 pytestmark = pytest.mark.docker
 
@@ -66,27 +64,6 @@ LONG_RUN_WITH_A_DAEMON = textwrap.dedent(
     os.rename(os.path.join(folder, "started.tmp"), os.path.join(folder, "started"))
     time.sleep(60)
     print("run-marker: finished", flush=True)
-    """
-)
-
-# Lists the live processes of the caller's uid other than itself, as JSON.
-LIST_CODE_PROCESSES = textwrap.dedent(
-    """
-    import json, os
-    me, uid, found = os.getpid(), os.getuid(), []
-    for name in os.listdir("/proc"):
-        if not name.isdigit() or int(name) == me:
-            continue
-        try:
-            with open("/proc/" + name + "/status") as handle:
-                fields = dict(line.split(":", 1) for line in handle if ":" in line)
-            with open("/proc/" + name + "/cmdline", "rb") as handle:
-                cmdline = handle.read().replace(b"\\0", b" ").decode("utf-8", "replace").strip()
-        except OSError:
-            continue
-        if int(fields["Uid"].split()[0]) == uid and fields["State"].split()[0] not in ("Z", "X"):
-            found.append({"pid": int(name), "cmdline": cmdline})
-    print(json.dumps(found))
     """
 )
 
@@ -141,28 +118,12 @@ def _start_long_run(
 def _container(runtime: Runtime, conversation: Conversation) -> str:
     """The conversation's container, found by its labels (``conversation.sandbox()`` would wait for a run to end:
     it takes the conversation's lock)."""
-    labels = {**runtime.manager.base_labels, LABEL_CONVERSATION: conversation.id}
-    (container,) = [info.id for info in runtime.manager.backend.list_containers(labels)]
-    return container
+    return sandbox_container(runtime, conversation.id)
 
 
 def _code_processes(runtime: Runtime, conversation: Conversation) -> list[dict[str, Any]]:
     """The live processes of the code's uid in the sandbox, seen by a command that is not run by the runner."""
-    policy = runtime.manager.policy
-    listing = runtime.manager.backend.exec(
-        _container(runtime, conversation),
-        ExecRequest(
-            command=(PYTHON, "-I", "-S", "-c", LIST_CODE_PROCESSES),
-            user=code_user(policy),
-            stdout_max_bytes=1024 * 1024,
-            stderr_max_bytes=64 * 1024,
-            deadline_s=30,
-        ),
-    )
-    assert listing.exit_code == 0, listing.stderr[-2000:]
-    found = json.loads(listing.stdout)
-    assert isinstance(found, list)
-    return found
+    return code_processes(runtime, conversation.id)
 
 
 def _assert_next_run_starts_at_once(conversation: Conversation) -> None:

@@ -11,8 +11,9 @@ from typing import Any
 import pytest
 
 from sandbox_runtime import ApprovalRequest, Runtime
+from sandbox_runtime.approval import judge, make_request
 from sandbox_runtime.errors import InvalidToolArguments
-from sandbox_runtime.policy import policy_from_mapping
+from sandbox_runtime.policy import Rule, policy_from_mapping
 from sandbox_runtime.tools.delegate import merge_patch, resolve_pointer
 from tests.conftest import RuntimeFactory
 
@@ -235,3 +236,158 @@ def test_a_host_tool_with_a_bad_name_or_schema_is_refused_when_registered(runtim
     with pytest.raises(ValueError, match="not a valid JSON schema"):
         runtime.register_tool("crm__search", lambda a: a, description="Search.", input_schema={"type": 5})
     assert "crm__search" not in runtime.tools
+
+
+# ------------------------------------------------------------------------------------------ nesting
+NESTING_MAX = 64  # the default policy's tools.json_nesting_max
+
+
+def nested(depth: int) -> object:
+    """A value whose arrays nest ``depth`` levels."""
+    value: object = "leaf"
+    for _ in range(depth):
+        value = [value]
+    return value
+
+
+def sink(runtime: Runtime) -> list[dict[str, Any]]:
+    """Register a host tool that takes any object and keeps what it was sent."""
+    received: list[dict[str, Any]] = []
+    runtime.register_tool("sink", received.append, description="Keep it.", input_schema={"type": "object"})
+    return received
+
+
+@pytest.mark.parametrize("depth", [65, 1_000, 100_000])
+def test_overrides_nested_past_the_cap_are_refused_naming_depth_and_cap(runtime: Runtime, depth: int) -> None:
+    received = sink(runtime)
+    conversation = runtime.conversation("deep-overrides")
+    (conversation.folders.results / "args" / "a.json").write_text("{}")
+    out = conversation.call(
+        "delegate_call", {"tool": "sink", "args_file": "args/a.json", "overrides": {"v": nested(depth)}}
+    )
+    assert out.is_error  # a RecursionError escaped before, for 1,000 levels
+    assert (
+        f"InvalidToolArguments: delegate_call: the arguments nest arrays and objects {depth + 2:,} levels deep"
+        in out.text
+    )
+    assert f"tools.json_nesting_max = {NESTING_MAX}" in out.text
+    assert "`overrides`" in out.text
+    assert received == []
+
+
+@pytest.mark.parametrize("depth", range(NESTING_MAX - 3, NESTING_MAX + 4))
+def test_an_args_file_nests_up_to_the_cap_and_one_level_more_is_refused(runtime: Runtime, depth: int) -> None:
+    received = sink(runtime)
+    conversation = runtime.conversation("deep-file")
+    arguments = {"v": nested(depth - 1)}  # the arguments object is level 1
+    (conversation.folders.results / "args" / "a.json").write_text(json.dumps(arguments))
+    out = conversation.call("delegate_call", {"tool": "sink", "args_file": "args/a.json", "overrides": {"w": {"x": 1}}})
+    if depth <= NESTING_MAX:
+        assert not out.is_error, out.text
+        assert received == [{**arguments, "w": {"x": 1}}]
+    else:
+        assert out.is_error
+        assert f"/mnt/results/args/a.json nest arrays and objects {depth} levels deep" in out.text
+        assert f"tools.json_nesting_max = {NESTING_MAX}" in out.text
+        assert received == []
+
+
+def test_an_args_file_nested_past_the_parser_is_refused_with_its_depth(runtime: Runtime) -> None:
+    received = sink(runtime)
+    conversation = runtime.conversation("parser-deep")
+    (conversation.folders.results / "args" / "a.json").write_text('{"v": ' + "[" * 100_000 + "]" * 100_000 + "}")
+    out = conversation.call("delegate_call", {"tool": "sink", "args_file": "args/a.json"})
+    assert out.is_error
+    assert "nest arrays and objects 100,001 levels deep" in out.text
+    assert f"tools.json_nesting_max = {NESTING_MAX}" in out.text
+    assert received == []
+
+
+def test_a_pointer_to_flat_arguments_in_a_deeper_file_is_sent(runtime: Runtime) -> None:
+    received = sink(runtime)
+    conversation = runtime.conversation("pointer-flat")
+    document = {"trace": nested(200), "arguments": {"title": "t"}}
+    (conversation.folders.results / "args" / "a.json").write_text(json.dumps(document))
+    out = conversation.call("delegate_call", {"tool": "sink", "args_file": "args/a.json#/arguments"})
+    assert not out.is_error, out.text
+    assert received == [{"title": "t"}]
+
+
+# ------------------------------------------------------------------------------------------ approval: both rules
+def test_a_rule_denying_delegate_call_stops_a_delegated_write_file(runtime_factory: RuntimeFactory) -> None:
+    policy = policy_from_mapping({"approval": {"tool_rules": {"delegate_call": "deny"}}})
+    conversation = runtime_factory(policy).conversation("deny-delegate")
+    results = conversation.folders.results
+    (results / "args" / "write.json").write_text(json.dumps({"path": "planted.txt", "content": "by delegation"}))
+    out = conversation.call("delegate_call", {"tool": "write_file", "args_file": "args/write.json"})
+    assert out.is_error  # the delegated write_file ran before
+    assert "Denied: the policy denies calls of delegate_call" in out.text
+    assert not (results / "planted.txt").exists()
+    record = next(r for r in conversation.calls() if r.tool == "delegate_call")
+    assert (record.target, record.status) == ("write_file", "denied")
+    direct = conversation.call("write_file", {"path": "direct.txt", "content": "directly"})
+    assert not direct.is_error, direct.text  # write_file itself stays allowed
+    assert (results / "direct.txt").read_text() == "directly"
+
+
+def test_ask_on_delegate_call_asks_once_showing_the_target_and_its_real_arguments(
+    runtime_factory: RuntimeFactory,
+) -> None:
+    seen: list[ApprovalRequest] = []
+
+    def approver(request: ApprovalRequest) -> bool | str:
+        seen.append(request)
+        return True
+
+    policy = policy_from_mapping(
+        {"approval": {"tool_rules": {"delegate_call": "ask", "tracker__create_ticket": "ask"}}}
+    )
+    runtime = runtime_factory(policy, approver=approver)
+    received = tracker(runtime)
+    conversation = runtime.conversation("ask-delegate")
+    (conversation.folders.results / "args" / "t.json").write_text(json.dumps({"title": "t", "body": "b"}))
+    out = conversation.call("delegate_call", {"tool": "tracker__create_ticket", "args_file": "args/t.json"})
+    assert not out.is_error, out.text
+    assert len(received) == 1
+    assert [(r.tool, r.via, r.source) for r in seen] == [
+        ("tracker__create_ticket", "delegate_call", "/mnt/results/args/t.json")
+    ]
+    assert '"body": "b"' in seen[0].arguments_json
+
+
+RULES: list[Rule | None] = ["allow", "ask", "deny", None]  # None: not named in tool_rules
+
+
+@pytest.mark.parametrize("default", ["allow", "ask", "deny"])
+@pytest.mark.parametrize("delegate_rule", RULES)
+@pytest.mark.parametrize("target_rule", RULES)
+def test_the_stricter_of_delegate_calls_rule_and_the_targets_rule_wins(
+    default: Rule, delegate_rule: Rule | None, target_rule: Rule | None
+) -> None:
+    named = {"delegate_call": delegate_rule, "write_file": target_rule}
+    policy = policy_from_mapping(
+        {"approval": {"default_rule": default, "tool_rules": {k: v for k, v in named.items() if v is not None}}}
+    ).approval
+    rules = {delegate_rule or default, target_rule or default}
+    expected = "deny" if "deny" in rules else "ask" if "ask" in rules else "allow"
+    request = make_request(
+        policy, "c", "call", "write_file", {"path": "p", "content": "x"}, "/mnt/results/a.json", via="delegate_call"
+    )
+    asked: list[ApprovalRequest] = []
+
+    def approver(seen: ApprovalRequest) -> bool | str:
+        asked.append(seen)
+        return "declined by the test"
+
+    refusal = judge(policy, approver, request)
+    if expected == "allow":
+        assert refusal is None
+    elif expected == "deny":
+        assert refusal is not None
+        assert refusal.startswith("the policy denies calls of ")
+    else:
+        assert refusal == "declined by the test"
+    assert len(asked) == (expected == "ask")
+    direct = make_request(policy, "c", "call", "write_file", {"path": "p", "content": "x"}, None)
+    alone = judge(policy, lambda seen: True, direct)  # called directly, only write_file's own rule counts
+    assert (alone is None) == ((target_rule or default) != "deny")

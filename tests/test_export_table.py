@@ -20,7 +20,7 @@ import pytest
 from pydantic import ValidationError
 
 import sandbox_runtime.tools.export_table as export_module
-from sandbox_runtime.errors import InvalidToolArguments, PathNotFound, PathOutsideResults, UnsafeFileType
+from sandbox_runtime.errors import BadTableFile, InvalidToolArguments, PathNotFound, PathOutsideResults, UnsafeFileType
 from sandbox_runtime.policy import SpillPolicy
 from sandbox_runtime.spill.spiller import spill_result
 from sandbox_runtime.spill.tables import header_line, row_line
@@ -357,11 +357,11 @@ def test_a_source_that_is_not_a_table_is_refused_naming_the_accepted_formats(roo
 def test_a_corrupt_table_file_is_refused_with_the_line_number(root: ResultsRoot, results: Path) -> None:
     text = header_line(["a"], ["integer"]) + "[1]\n[2, 3]\n"
     (results / "bad.table.jsonl").write_text(text, encoding="utf-8")
-    with pytest.raises(InvalidToolArguments, match="line 3: expected 1 cells"):
+    with pytest.raises(BadTableFile, match="line 3: expected 1 cells"):
         _export(root, source="bad.table.jsonl", format="csv")
     assert not (results / "exports").exists()  # nothing half-written was published
     (results / "nohead.table.jsonl").write_text("[1]\n", encoding="utf-8")
-    with pytest.raises(InvalidToolArguments, match="line 1"):
+    with pytest.raises(BadTableFile, match="line 1"):
         _export(root, source="nohead.table.jsonl", format="csv")
 
 

@@ -17,8 +17,6 @@ from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 
 from sandbox_runtime.runtime import Runtime
-from sandbox_runtime.sandbox.backend import ExecRequest
-from sandbox_runtime.sandbox.profile import LABEL_CONVERSATION, PYTHON, code_user
 from tests.conftest import RuntimeFactory
 from tests.mcp_helpers import (
     BUILTIN_TOOLS,
@@ -29,39 +27,13 @@ from tests.mcp_helpers import (
     structured,
     text_of,
 )
+from tests.sandbox_processes import code_processes
+
 
 # the live processes of the code's uid, listed by a command the runner does not start (the runner's own start-up
 # sweep would end leftovers before a script could see them)
-LIST_CODE_PROCESSES = (
-    "import os\n"
-    "me = os.getpid()\n"
-    "alive = []\n"
-    "for p in os.listdir('/proc'):\n"
-    "    try:\n"
-    "        if p.isdigit() and int(p) != me and os.stat('/proc/' + p).st_uid == os.getuid():\n"
-    "            state = open('/proc/' + p + '/stat').read().rsplit(')', 1)[1].split()[0]\n"
-    "            alive += [p] if state not in ('Z', 'X') else []\n"
-    "    except OSError:\n"
-    "        pass\n"
-    "print(len(alive))\n"
-)
-
-
 def code_processes_left(runtime: Runtime, conversation_id: str) -> int:
-    labels = {**runtime.manager.base_labels, LABEL_CONVERSATION: conversation_id}
-    (container,) = runtime.manager.backend.list_containers(labels)
-    listing = runtime.manager.backend.exec(
-        container.id,
-        ExecRequest(
-            command=(PYTHON, "-I", "-S", "-c", LIST_CODE_PROCESSES),
-            user=code_user(runtime.policy),
-            stdout_max_bytes=4096,
-            stderr_max_bytes=4096,
-            deadline_s=30,
-        ),
-    )
-    assert listing.exit_code == 0, listing.stderr
-    return int(listing.stdout)
+    return len(code_processes(runtime, conversation_id))
 
 
 async def cancel_a_long_run(client: Client, host: Runtime, conversation_id: str, script: str) -> float:

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from sandbox_runtime import Runtime, ToolCall, ToolOutcome
-from sandbox_runtime.errors import InvalidToolArguments
+from sandbox_runtime.errors import ImageError, InvalidToolArguments
 from sandbox_runtime.turns import TurnGate
 from tests.conftest import RuntimeFactory
 
@@ -112,3 +112,25 @@ def test_a_call_that_fails_to_start_does_not_hold_up_its_turn(runtime: tuple[Run
     outcome, report = while_held(gate, holder, "h2", bad)
     assert outcome.text.startswith("held")
     assert [o.call_id for o in report.outcomes] == ["h2"]
+
+
+def test_a_call_that_fails_in_the_infrastructure_raises_alone_and_its_turn_keeps_the_others(
+    runtime_factory: RuntimeFactory,
+) -> None:
+    rt = runtime_factory(image="sandbox-runtime-test-missing:never-built")  # run_python cannot start a sandbox
+    holder = Holder()
+    rt.register_tool("hold", holder, description="Wait.", input_schema=OBJECT)
+    gate = TurnGate(rt.dispatcher, wait_s=WAIT_S)
+
+    def failing() -> None:
+        with pytest.raises(ImageError):
+            gate.run("turns", ToolCall(tool="run_python", arguments={"code": "print(1)"}, call_id="py"))
+
+    held, report = while_held(gate, holder, "h3", failing)  # the failure joined h3's turn and raised on its own
+    assert held.text.startswith("held")
+    assert [o.call_id for o in report.outcomes] == ["h3"]
+    assert [d.call_id for d in rt.conversation("turns").decisions()] == ["h3"]
+    holder.inside.clear()
+    again, _report = gate.run("turns", ToolCall(tool="hold", call_id="h3"))
+    assert again.replayed  # decided once: a retry of the turn does not run it again
+    assert not holder.inside.is_set()

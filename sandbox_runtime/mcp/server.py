@@ -310,7 +310,8 @@ def _approval_message(request: ApprovalRequest) -> str:
             if request.source
             else f"\n… (cut: {request.arguments_chars:,} characters in all)"
         )
-    return f"Approve a call of {request.tool}? {request.summary}\nArguments that will be sent:\n{shown}"
+    through = f" (through {request.via})" if request.via else ""
+    return f"Approve a call of {request.tool}{through}? {request.summary}\nArguments that will be sent:\n{shown}"
 
 
 def default_conversation(transport: Transport, token: str | None) -> str:

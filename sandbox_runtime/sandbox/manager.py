@@ -4,7 +4,11 @@
   re-attaches by label instead of starting a second one.
 * ``reap`` removes sandboxes idle longer than ``idle_timeout_s`` or older than ``max_lifetime_s`` (their results
   folders stay); ``sweep_orphans`` removes containers with our labels that nothing owns any more.
-* Before the first sandbox of a process starts, the self-check runs; when it fails, no sandbox ever starts.
+* Before the first sandbox of a process starts, the self-check runs; when it fails, no sandbox ever starts
+  (:mod:`~sandbox_runtime.sandbox.canary`).
+* A sandbox removed or stopped from outside is replaced on the next use (the results folder stays); a
+  conversation deleted by another runtime or process starts afresh here (what this process knew of it is
+  dropped, its folders and record are made anew).
 
 Several processes may share a state directory (``serve``, a host application, a cron'd ``gc``), each under its
 own policy: each manager registers a lease and *holds* the conversations it uses, and never removes a sandbox
@@ -21,12 +25,11 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict
-
-from sandbox_runtime.errors import ImageError, SandboxError, SelfCheckFailed
+from sandbox_runtime.errors import SandboxError, SelfCheckFailed
 from sandbox_runtime.leases import HoldRecord, LeaseRecord
 from sandbox_runtime.policy import Policy
 from sandbox_runtime.sandbox.backend import ContainerInfo, ContainerSpec, SandboxBackend
+from sandbox_runtime.sandbox.canary import CANARY_CONVERSATION, CANARY_MAX_AGE_S, SelfCheckGate
 from sandbox_runtime.sandbox.holds import LABEL_LEASE, HostLock, held_elsewhere, own_hold
 from sandbox_runtime.sandbox.profile import (
     LABEL_CONVERSATION,
@@ -36,7 +39,8 @@ from sandbox_runtime.sandbox.profile import (
     LABEL_STATE_DIR,
     container_spec,
 )
-from sandbox_runtime.sandbox.selfcheck import SelfCheckReport, run_self_check
+from sandbox_runtime.sandbox.records import Removal, Sandbox
+from sandbox_runtime.sandbox.selfcheck import SelfCheckReport
 from sandbox_runtime.sandbox.volumes import QuotaVolumes, release_orphan_volume
 from sandbox_runtime.state import StateDB
 from sandbox_runtime.store.folders import ConversationFolders, ConversationStore
@@ -44,31 +48,6 @@ from sandbox_runtime.store.folders import ConversationFolders, ConversationStore
 __all__ = ["Removal", "Sandbox", "SandboxManager"]
 
 logger = logging.getLogger(__name__)
-
-CANARY_CONVERSATION = "_canary"  # a label value no conversation id can take (ids start with a letter or digit)
-_CANARY_QUOTA_BYTES = 16 * 1024 * 1024
-_CANARY_MAX_AGE_S = 300  # a canary lives for seconds; an older one was left by a killed process
-
-
-class Sandbox(BaseModel):
-    """A conversation's running container and its folders."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    conversation_id: str
-    container_id: str
-    folders: ConversationFolders
-    created_at: float
-
-
-class Removal(BaseModel):
-    """A container that ``reap`` or ``sweep_orphans`` removed, and why."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    container_id: str
-    conversation_id: str | None
-    reason: str
 
 
 class SandboxManager:
@@ -97,7 +76,6 @@ class SandboxManager:
         self._locks: dict[str, threading.RLock] = {}
         self._locks_guard = threading.Lock()
         self._host_lock = HostLock(Path(store.state_dir) / "mounts.lock")
-        self._self_check: SelfCheckReport | None = None
         self._known: dict[str, Sandbox] = {}
         self.lease: LeaseRecord = state.leases.open(self._digest)
         self.volumes = QuotaVolumes(
@@ -109,6 +87,16 @@ class SandboxManager:
             state_dir_label=self.state_dir_label,
             lock=self.lock,
             forget=self.forget,
+        )
+        self._checks = SelfCheckGate(
+            backend=backend,
+            policy=policy,
+            store=store,
+            image=image,
+            base_labels=self.base_labels,
+            spec_for=self._spec,
+            lock=self.lock,
+            clock=lambda: self.clock(),  # noqa: PLW0108  (late bound: the manager's clock can be set later)
         )
 
     def end_lease(self) -> None:
@@ -125,37 +113,7 @@ class SandboxManager:
     # self-check ---------------------------------------------------------------------------------------
     def self_check(self, *, force: bool = False) -> SelfCheckReport:
         """Run (once per process, or again with force) the canary check; the report is kept."""
-        with self._locks_guard:
-            cached = self._self_check
-        if cached is not None and not force:
-            return cached
-        if not self.backend.image_exists(self.image):
-            raise ImageError(f"the executor image {self.image} is not built: run `sandbox-runtime image build`")
-        with self.lock(CANARY_CONVERSATION):
-            folders = self.store.canary_folders(quota_bytes=_CANARY_QUOTA_BYTES)
-            self.store.prepare(folders)
-            try:
-                report = run_self_check(
-                    self.backend,
-                    self.policy,
-                    lambda labels: self._spec(folders, labels),
-                    quota_mode=folders.quota_mode,
-                    labels={
-                        **self.base_labels,
-                        LABEL_CONVERSATION: CANARY_CONVERSATION,
-                        LABEL_CREATED_AT: str(int(self.clock())),
-                    },
-                )
-            finally:
-                self.store.delete(folders)
-        with self._locks_guard:
-            self._self_check = report
-        return report
-
-    def _require_self_check(self) -> None:
-        report = self.self_check()
-        if not report.ok:
-            raise SelfCheckFailed(report.summary())
+        return self._checks.check(force=force)
 
     # lifecycle ------------------------------------------------------------------------------------------
     def _spec(self, folders: ConversationFolders, labels: dict[str, str]) -> ContainerSpec:
@@ -192,10 +150,16 @@ class SandboxManager:
             self.volumes.release_if_free(conversation_id, used_before=self._idle_before(self.clock()))
 
     def get_or_create(self, conversation_id: str) -> Sandbox:
-        """The conversation's running sandbox, re-attached by label when one exists, else a new one."""
+        """The conversation's running sandbox, re-attached by label when one exists, else a new one. The sandbox
+        this process knew is not used when the conversation was deleted meanwhile (by another runtime): it
+        starts afresh; one removed from outside is dropped by its user (``forget``) when the engine says so."""
         with self.lock(conversation_id):
             now = self.clock()
             known = self._known.get(conversation_id)
+            if known is not None and self.state.conversation(conversation_id) is None:
+                logger.info("conversation %s was deleted elsewhere; starting it afresh", conversation_id)
+                known = None
+                self.forget(conversation_id)
             if known is not None and now - known.created_at <= self.policy.sandbox.max_lifetime_s:
                 return known  # started or adopted by this process; forget() drops it when the engine disagrees
             folders = self.folders(conversation_id)
@@ -209,7 +173,7 @@ class SandboxManager:
                         conversation_id=conversation_id, container_id=existing.id, folders=folders, created_at=created
                     )
                 )
-            self._require_self_check()
+            self._checks.require()
             labels = {
                 **self._labels(conversation_id),
                 LABEL_CREATED_AT: str(int(now)),
@@ -331,6 +295,7 @@ class SandboxManager:
             ]
             if not self.volumes.release(conversation_id):  # done with it: the next gc releases it
                 self.state.leases.touch_hold(self.lease.id, conversation_id, 0.0)
+            self.forget(conversation_id)  # also a sandbox removed from outside, which no listing showed
         return bool(removed)
 
     # reaping ------------------------------------------------------------------------------------------
@@ -397,7 +362,7 @@ class SandboxManager:
                     release_orphan_volume(state_dir, conversation)
                 continue
             age_s = self.clock() - float(info.labels.get(LABEL_CREATED_AT, 0))
-            if not conversation or (conversation == CANARY_CONVERSATION and age_s > _CANARY_MAX_AGE_S):
+            if not conversation or (conversation == CANARY_CONVERSATION and age_s > CANARY_MAX_AGE_S):
                 removals.append(self._remove(info, "orphan: a canary or unnamed container"))
             elif conversation != CANARY_CONVERSATION and self.state.conversation(conversation) is None:
                 removal = self._remove_unknown(info, conversation)

@@ -9,10 +9,12 @@ holds it open) runs under a second non-root uid, so the code can neither signal 
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
+from typing import Literal, NamedTuple, cast
 
 from sandbox_runtime.policy import Policy
-from sandbox_runtime.sandbox.backend import BindMount, ContainerSpec
+from sandbox_runtime.sandbox.backend import BindMount, ContainerSpec, ExecResult
 
 __all__ = [
     "KEEPER_COMMAND",
@@ -24,10 +26,12 @@ __all__ = [
     "PYTHON",
     "RUNNER",
     "SELFCHECK",
+    "RunnerVerdict",
     "code_user",
     "container_spec",
     "end_all_command",
     "exec_environment",
+    "read_runner_verdict",
     "runner_command",
 ]
 
@@ -82,7 +86,11 @@ def end_all_command() -> tuple[str, ...]:
 
 
 def runner_command(policy: Policy, timeout_s: float, program: Sequence[str]) -> tuple[str, ...]:
-    """The exec command that runs ``program`` under the in-sandbox runner (confinement, caps, time limit)."""
+    """The exec command that runs ``program`` under the in-sandbox runner (confinement, caps, time limit).
+
+    Its exit code is the program's own; how the run ended is the runner's verdict record at the end of stderr,
+    which :func:`read_runner_verdict` takes off (the runner's docstring says why the program cannot forge it).
+    """
     nproc_max = policy.sandbox.limits.pids_max - _GVISOR_PIDS_RESERVE if policy.sandbox.runtime == "runsc" else 0
     return (
         PYTHON,
@@ -96,6 +104,49 @@ def runner_command(policy: Policy, timeout_s: float, program: Sequence[str]) -> 
         str(nproc_max),
         *program,
     )
+
+
+VerdictName = Literal["exited", "timeout", "output_limit", "not_started", "left_running"]
+# the exit code the runner ends with for each of its own verdicts (``exited`` ends with the script's status)
+_VERDICT_EXITS: dict[str, int] = {"timeout": 124, "output_limit": 125, "not_started": 126, "left_running": 127}
+_RECORD = re.compile(
+    rb"\0sandbox-runtime-verdict (?P<verdict>exited|timeout|output_limit|not_started|left_running) "
+    rb"(?P<exit>\d{1,3}) (?P<signal>\d{1,2}|-) (?P<stream>stdout|stderr|-)\n\Z"
+)
+_RECORD_MAX_BYTES = 80
+
+
+class RunnerVerdict(NamedTuple):
+    """How the in-sandbox runner says a run ended (see ``_data/images/executor/run.py``)."""
+
+    verdict: VerdictName
+    signal: int | None  # ``exited``: the signal that ended the script, if one did
+    stream: Literal["stdout", "stderr"] | None  # ``output_limit``: the stream that passed its cap
+
+
+def read_runner_verdict(result: ExecResult) -> tuple[ExecResult, RunnerVerdict | None]:
+    """The result as the script made it (the record taken off stderr) and the runner's verdict.
+
+    The verdict is None (and the result unchanged) unless stderr ends with a well-formed record whose exit code
+    is the exec's own and, for the runner's own verdicts, the code the runner ends with for that verdict. With
+    ``exited`` the exit code is the script's own. A record anywhere else in stderr is the script's text, and
+    stays in it.
+    """
+    match = _RECORD.search(result.stderr, max(0, len(result.stderr) - _RECORD_MAX_BYTES))
+    if match is None or result.exit_code is None or int(match["exit"]) != result.exit_code:
+        return result, None
+    verdict = cast(VerdictName, match["verdict"].decode())
+    signal = None if match["signal"] == b"-" else int(match["signal"])
+    if _VERDICT_EXITS.get(verdict, result.exit_code) != result.exit_code or (
+        signal is not None and result.exit_code != 128 + signal
+    ):
+        return result, None
+    stream = cast(Literal["stdout", "stderr"] | None, None if match["stream"] == b"-" else match["stream"].decode())
+    cut = len(result.stderr) - match.start()
+    script = result.model_copy(
+        update={"stderr": result.stderr[: match.start()], "stderr_bytes_total": result.stderr_bytes_total - cut}
+    )
+    return script, RunnerVerdict(verdict, signal, stream)
 
 
 def container_spec(policy: Policy, image: str, results_host_path: str, labels: dict[str, str]) -> ContainerSpec:

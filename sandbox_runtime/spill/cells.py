@@ -4,7 +4,8 @@ A column's type is the type of its non-NULL values — ``integer``, ``number``, 
 ``datetime``, ``string``, or ``empty`` — with integers and numbers making ``number`` and dates and datetimes
 making ``datetime``; any other mix is ``string``. Text cells (CSV, Markdown) are parsed: empty and NULL are NULL,
 numbers are numbers, codes with leading zeros stay text. Whole columns are checked at once where the values allow
-(``map`` over C functions), which keeps a megabyte of records to a few milliseconds.
+(``map`` over C functions), which keeps a megabyte of records to a few milliseconds. :class:`ColumnTyper` finds
+the same type batch by batch, for readers that never hold a column whole (the table readers of the tools).
 """
 
 from __future__ import annotations
@@ -19,10 +20,14 @@ from typing import Any, Literal
 __all__ = [
     "Cell",
     "ColumnType",
+    "ColumnTyper",
+    "as_cells",
     "cell",
     "clean_column",
     "coerce",
     "date_like",
+    "finish_column",
+    "nesting_exceeds",
     "text_cell",
     "type_from_kinds",
     "value_type",
@@ -68,7 +73,8 @@ def text_cell(text: str) -> Cell:
     if _INTEGER.fullmatch(value):
         return int(value)
     if _NUMBER.fullmatch(value):
-        return float(value)
+        number = float(value)
+        return number if math.isfinite(number) else None  # 1e999: out of range is NULL, as in any column
     if value.lower() in ("true", "false"):
         return value.lower() == "true"
     return text
@@ -204,3 +210,84 @@ def _parse_datetime(text: str) -> dt.datetime | None:
         return dt.datetime.fromisoformat(text.replace("Z", "+00:00"))
     except ValueError:
         return None
+
+
+class ColumnTyper:
+    """A column's type found from its values batch by batch, exactly as :func:`clean_column` finds it from all of
+    them at once: a reader can type a column it never holds whole (memory stays one batch).
+
+    :meth:`add` each batch of raw values in order (any JSON value or text cell; nothing is changed), then read
+    :attr:`kind` and make the values cells with :func:`finish_column`.
+    """
+
+    __slots__ = ("_cleaned", "_look_at_strings", "_raw", "_seen_string", "_string_kinds")
+
+    def __init__(self) -> None:
+        self._raw: set[type] = set()  # the values' types as given
+        self._cleaned: set[type] = set()  # their types as cells
+        self._seen_string = False
+        self._look_at_strings = False  # the column's first text looks like a date: each text is looked at
+        self._string_kinds: set[ColumnType] = set()
+
+    def add(self, values: list[Any]) -> None:
+        """Take a batch of the column's values into account (in the column's order)."""
+        self._raw |= set(map(type, values))
+        values = as_cells(values)
+        present = set(map(type, values))
+        self._cleaned |= present
+        if str not in present:
+            return
+        strings = values if present == {str} else [v for v in values if type(v) is str]
+        if not self._seen_string:
+            self._seen_string = True
+            self._look_at_strings = date_like(strings[0])
+            if not self._look_at_strings:
+                self._string_kinds.add("string")
+        if self._look_at_strings and "string" not in self._string_kinds:  # once text, always text
+            if all(map(_DATE.fullmatch, strings)):
+                self._string_kinds.add("date" if all(map(_is_date, strings)) else "string")
+            else:
+                self._string_kinds |= {value_type(v) for v in strings}
+
+    @property
+    def kind(self) -> ColumnType:
+        """The column's type from every value added so far."""
+        if float in self._raw and self._raw <= _NUMERIC:  # numbers and NULLs: a NaN made NULL still counts
+            return type_from_kinds(_kinds_of(self._raw))
+        return type_from_kinds(_kinds_of(self._cleaned) | self._string_kinds)
+
+
+def _kinds_of(types: set[type]) -> set[ColumnType]:
+    return {_KIND_OF_TYPE[t] for t in types if t in _KIND_OF_TYPE}
+
+
+def as_cells(values: list[Any]) -> list[Any]:
+    """``values`` as cells (:func:`cell` of each; the same list when they all are already): checked at C speed
+    where the values allow, as :func:`clean_column` does."""
+    present = set(map(type, values))
+    if float in present and present <= _NUMERIC:
+        return values if _all_finite(values, has_null=type(None) in present) else list(map(cell, values))
+    return values if present <= _SCALARS else list(map(cell, values))
+
+
+def finish_column(values: list[Any], kind: ColumnType) -> list[Cell]:
+    """Raw values of a column typed by :class:`ColumnTyper` as the cells :func:`clean_column` makes of them."""
+    values = as_cells(values)
+    if kind in ("date", "datetime"):
+        return [coerce(value, kind) for value in values]
+    return values
+
+
+def nesting_exceeds(value: object, max_depth: int) -> bool:
+    """Whether ``value`` nests lists and dicts deeper than ``max_depth`` levels (a scalar is level 0, a flat list
+    level 1). Looked at without recursion, so any depth is answered."""
+    pending: list[tuple[object, int]] = [(value, 1)]
+    while pending:
+        item, depth = pending.pop()
+        children = item.values() if isinstance(item, dict) else item if isinstance(item, list | tuple) else None
+        if children is None:
+            continue
+        if depth > max_depth:
+            return True
+        pending.extend((child, depth + 1) for child in children if isinstance(child, list | tuple | dict))
+    return False

@@ -34,6 +34,8 @@ __all__ = [
     "TableFileError",
     "header_line",
     "iter_table_file",
+    "markdown_cells",
+    "markdown_rule",
     "recognise_table",
     "row_line",
     "table_file_bytes",
@@ -44,6 +46,7 @@ TABLE_FORMAT = "sandbox-runtime.table"
 _LITERAL_MAX_CHARS = 5_000_000  # larger Python-literal text is not parsed (ast costs ~100x the text in memory)
 _LITERAL_MAX_DEPTH = 64
 _MD_RULE = re.compile(r"\|?\s*:?-{3,}:?\s*(\|\s*:?-{3,}:?\s*)*\|?")
+_MD_CELL_BORDER = re.compile(r"(?<!\\)\|")
 
 
 class TableFileError(ValueError):
@@ -138,7 +141,7 @@ def _from_text(text: str) -> Table | str:
     if stripped[0] in "[{":
         return _from_json_like(stripped)
     lines = [line for line in stripped.splitlines() if line.strip()]
-    if len(lines) >= 2 and lines[0].lstrip().startswith("|") and _MD_RULE.fullmatch(lines[1].strip()):
+    if len(lines) >= 2 and lines[0].lstrip().startswith("|") and markdown_rule(lines[1]):
         return _markdown(lines)
     for delimiter, shape in (("\t", "tsv"), (",", "csv")):
         table = _delimited(stripped, delimiter, shape)
@@ -183,13 +186,20 @@ def _nesting(text: str) -> int:
     return deepest
 
 
-def _markdown(lines: list[str]) -> Table | str:
-    def cells(line: str) -> list[str]:
-        inner = line.strip().removeprefix("|").removesuffix("|")
-        return [cell.strip().replace("\\|", "|") for cell in re.split(r"(?<!\\)\|", inner)]
+def markdown_rule(line: str) -> bool:
+    """Whether ``line`` is the rule under a Markdown table's header (``| --- | :-: |``)."""
+    return _MD_RULE.fullmatch(line.strip()) is not None
 
-    header = cells(lines[0])
-    body = [cells(line) for line in lines[2:]]
+
+def markdown_cells(line: str) -> list[str]:
+    """The cells of one Markdown table line, stripped, ``\\|`` unescaped."""
+    inner = line.strip().removeprefix("|").removesuffix("|")
+    return [cell.strip().replace("\\|", "|") for cell in _MD_CELL_BORDER.split(inner)]
+
+
+def _markdown(lines: list[str]) -> Table | str:
+    header = markdown_cells(lines[0])
+    body = [markdown_cells(line) for line in lines[2:]]
     if any(len(row) != len(header) for row in body):
         return "a Markdown table with rows of different widths"
     names, notes = unique_names(header)
@@ -263,7 +273,7 @@ def iter_table_file(lines: Iterable[str]) -> Iterator[tuple[tuple[str, ...], tup
     stream = iter(lines)
     try:
         header = json.loads(next(stream))
-    except (StopIteration, ValueError) as exc:
+    except (StopIteration, ValueError, RecursionError) as exc:
         raise TableFileError("line 1: not a table header") from exc
     if not isinstance(header, dict) or header.get("format") != TABLE_FORMAT:
         raise TableFileError(f"line 1: not a {TABLE_FORMAT} header")
@@ -275,6 +285,8 @@ def iter_table_file(lines: Iterable[str]) -> Iterator[tuple[tuple[str, ...], tup
             row = loads(line)
         except ValueError as exc:
             raise TableFileError(f"line {number}: not a JSON row ({exc})") from exc
+        except RecursionError as exc:  # msgspec and json give up on deep nesting this way, not as ValueError
+            raise TableFileError(f"line {number}: nested deeper than the JSON parser allows") from exc
         if not isinstance(row, list) or len(row) != len(columns):
             raise TableFileError(f"line {number}: expected {len(columns)} cells")
         for i, kind in dated:

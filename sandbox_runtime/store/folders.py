@@ -7,7 +7,9 @@
       volumes/<conversation>.ext4          the results filesystem (quota mode "loop")
       conversations/<conversation>/
         results/    mounted read-write into the sandbox; spill/ errors/ args/ exports/ scripts/
-        outputs/    attachments; never mounted, outside retention
+        outputs/    attachments; never mounted, outside retention, within their own quota (bytes of distinct
+                    content, attachments): .blobs/<sha256> once per content, att-<id>/<filename> linked to it
+                    (see sandbox_runtime.store.outputs)
 
 In quota mode "loop" the results filesystem is mounted only while its conversation is in use: ``prepare``
 mounts it (again) when needed, ``release`` unmounts it and detaches its loop device.
@@ -29,6 +31,7 @@ from pydantic import BaseModel, ConfigDict
 
 from sandbox_runtime.errors import InvalidConversationId
 from sandbox_runtime.policy import Policy
+from sandbox_runtime.store.outputs import AttachmentStore, OutputsLimits, OutputsUsage
 from sandbox_runtime.store.quota import (
     QuotaMode,
     QuotaUsage,
@@ -189,6 +192,18 @@ class ConversationStore:
             free_bytes=max(folders.quota_bytes - measured.bytes_used, 0),
             complete=measured.complete,
         )
+
+    def outputs_limits(self) -> OutputsLimits:
+        """The attachments quota of every conversation, from the policy."""
+        return OutputsLimits.from_policy(self.policy.tools)
+
+    def attachments(self, folders: ConversationFolders) -> AttachmentStore:
+        """The conversation's ``outputs/`` under the policy's attachments quota."""
+        return AttachmentStore(folders.outputs, self.outputs_limits())
+
+    def outputs_usage(self, folders: ConversationFolders) -> OutputsUsage:
+        """Attachments and bytes of distinct content in ``outputs/``, with their limits (needs no mount)."""
+        return self.attachments(folders).usage()
 
     def delete(self, folders: ConversationFolders) -> None:
         """Unmount and delete everything of one conversation (its sandbox must be gone first)."""

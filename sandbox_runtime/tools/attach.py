@@ -1,26 +1,29 @@
 """``attach_file``: hand a file from the results folder to the user as a download, kept apart and as it is.
 
 The file is copied byte for byte (no format change) into the conversation's ``outputs/`` folder, which the
-sandbox never sees and retention never touches. The copy is a plain 0644 file of its own (never a link, no
-special bits), written to a temporary name, synced and renamed, so a half-copied attachment is never visible.
-The source is opened through the safe resolver and read with a cap, so a file that grows while it is copied is
-refused rather than copied in part.
+sandbox never sees and retention never touches, within its own quota (``tools.outputs_max_bytes`` of distinct
+content, ``tools.outputs_files_max`` attachments): the same content attached again is stored once
+(:mod:`sandbox_runtime.store.outputs` says how it is counted and kept consistent). The attachment's file is a
+plain 0644 regular file (never a symbolic link, no special bits; a hard link to its content), published whole
+or not at all. The source is opened through the safe resolver (no link followed, nothing outside the results
+folder, one hard link) and streamed with a cap, so a file that grows while it is copied is refused rather than
+copied in part.
 """
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import mimetypes
 import os
 import re
-import secrets
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from sandbox_runtime.errors import FileTooLarge, InvalidToolArguments
+from sandbox_runtime.errors import InvalidToolArguments
+from sandbox_runtime.policy import ToolsPolicy
 from sandbox_runtime.records import Attachment
+from sandbox_runtime.store.outputs import AttachmentStore, OutputsLimits
 from sandbox_runtime.store.safe_paths import ResultsRoot
 
 __all__ = ["ATTACH_FILE_DESCRIPTION", "AttachFileArgs", "Attachment", "attach_file"]
@@ -29,9 +32,10 @@ logger = logging.getLogger(__name__)
 
 ATTACH_FILE_DESCRIPTION = (
     "Give the user a file from the results folder as a download (a report, an export). The file is copied as it "
-    "is and kept after the 7-day cleanup. Optional `filename` sets the name the user sees."
+    "is and kept after the 7-day cleanup, within the conversation's attachments quota. Optional `filename` sets "
+    "the name the user sees."
 )
-_CHUNK_BYTES = 1 << 20
+_DEFAULT_LIMITS = OutputsLimits.from_policy(ToolsPolicy())
 _UNSAFE = re.compile(r"[^A-Za-z0-9._ ()+-]+")
 _NAME_MAX_CHARS = 120
 
@@ -50,44 +54,32 @@ def _display_name(raw: str) -> str:
     return name[:_NAME_MAX_CHARS] or "attachment"
 
 
-def attach_file(root: ResultsRoot, outputs: Path, args: AttachFileArgs, *, max_bytes: int) -> Attachment:
-    """Copy the file into ``outputs/<attachment_id>/<filename>`` and describe it."""
+def attach_file(
+    root: ResultsRoot,
+    outputs: Path,
+    args: AttachFileArgs,
+    *,
+    max_bytes: int,
+    limits: OutputsLimits = _DEFAULT_LIMITS,
+) -> Attachment:
+    """Store the file as ``outputs/<attachment_id>/<filename>`` (its content once per conversation) and describe
+    it; :class:`~sandbox_runtime.errors.OutputsFull` (nothing stored) when the attachments quota would be passed.
+    ``limits`` defaults to the policy's default quota; pass the conversation's policy's."""
     components = root.parse(args.path)
     source = root.sandbox_path(components)
-    filename = _display_name(args.filename or components[-1])
     if args.filename is not None and not args.filename.strip():
         raise InvalidToolArguments("attach_file: `filename` is empty")
-    attachment_id = f"att-{secrets.token_hex(8)}"
-    folder = outputs / attachment_id
-    folder.mkdir(parents=True, mode=0o755)
-    target = folder / filename
-    temporary = folder / f".{filename}.partial"
-    digest = hashlib.sha256()
-    copied = 0
-    try:
-        with root.open_regular(components, max_bytes=max_bytes) as (file, _st), temporary.open("xb") as out:
-            while chunk := file.read(_CHUNK_BYTES):
-                copied += len(chunk)
-                if copied > max_bytes:
-                    raise FileTooLarge(f"{source} grew past the attachment cap of {max_bytes:,} bytes while copied")
-                digest.update(chunk)
-                out.write(chunk)
-            out.flush()
-            os.fchmod(out.fileno(), 0o644)
-            os.fsync(out.fileno())
-        temporary.rename(target)
-    except BaseException:
-        temporary.unlink(missing_ok=True)
-        folder.rmdir()
-        raise
+    filename = _display_name(args.filename or components[-1])
+    with root.open_regular(components, max_bytes=max_bytes) as (file, _st):
+        stored = AttachmentStore(outputs, limits).add(file, filename, max_bytes=max_bytes, shown=source)
     mime_type = mimetypes.guess_type(filename)[0] or "application/octet-stream"
-    logger.info("attached %s as %s (%d bytes)", source, target, copied)
+    logger.info("attached %s as %s (%d bytes)", source, stored.host_path, stored.bytes)
     return Attachment(
-        attachment_id=attachment_id,
+        attachment_id=stored.attachment_id,
         filename=filename,
-        bytes=copied,
+        bytes=stored.bytes,
         mime_type=mime_type,
-        sha256=digest.hexdigest(),
+        sha256=stored.sha256,
         source=source,
-        host_path=str(target),
+        host_path=str(stored.host_path),
     )

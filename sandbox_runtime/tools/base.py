@@ -1,8 +1,13 @@
 """What every tool is to the dispatch pipeline: a name, a description, an argument model, a spill mode, and a
 handler that turns validated arguments into a :class:`ToolReturn`.
 
-Handlers raise typed errors for bad input (:class:`~sandbox_runtime.errors.InvalidToolArguments`, ``PathRejected``,
-``PathNotFound``); the pipeline turns those into results the model reads. Infrastructure failures propagate.
+Handlers raise a :class:`~sandbox_runtime.errors.ToolFailure` for bad input (``InvalidToolArguments``,
+``PathRejected``, ``PathNotFound``, ``BadTableFile``, ...); the pipeline turns it into a result the model reads, and
+any other unexpected exception of a handler into an internal-error result (see :mod:`sandbox_runtime.execution`).
+Infrastructure failures (every other :class:`~sandbox_runtime.errors.SandboxRuntimeError`) propagate.
+
+Arguments nested deeper than the policy's ``tools.json_nesting_max`` (arrays and objects; the arguments object is
+level 1) are refused before any schema sees them: validators, serialisers and the execution record recurse.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ from sandbox_runtime.errors import InvalidToolArguments, PathExpired, PathNotFou
 from sandbox_runtime.policy import Policy
 from sandbox_runtime.records import Attachment, ExpiredFile
 from sandbox_runtime.sandbox.manager import SandboxManager
+from sandbox_runtime.spill.jsonio import nesting_depth
 from sandbox_runtime.spill.spiller import ResultDescriptor
 from sandbox_runtime.store.safe_paths import ResultsRoot
 
@@ -30,6 +36,7 @@ __all__ = [
     "ToolContext",
     "ToolReturn",
     "ToolSpec",
+    "check_nesting",
     "expired_or",
     "model_arguments",
     "validate_arguments",
@@ -106,10 +113,13 @@ def _model_schema(model: type[BaseModel]) -> dict[str, Any]:
     return model.model_json_schema()
 
 
-def validate_arguments(spec: ToolSpec, raw: object, *, label: str | None = None) -> Any:
+def validate_arguments(spec: ToolSpec, raw: object, *, label: str | None = None, nesting_max: int | None = None) -> Any:
     """Arguments checked against the tool's schema: a model instance for built-in tools, the dict itself for
-    host tools. Errors name each failing field; ``label`` names the call (e.g. ``delegate_call → crm__create``)."""
+    host tools. Errors name each failing field; ``label`` names the call (e.g. ``delegate_call → crm__create``).
+    With ``nesting_max`` (the policy's ``tools.json_nesting_max``) deeper arguments are refused first."""
     name = label or spec.name
+    if nesting_max is not None:
+        check_nesting(raw, nesting_max, name)
     if spec.arguments is None:
         problems = sorted(
             Draft202012Validator(spec.input_schema()).iter_errors(raw), key=lambda e: list(map(str, e.path))
@@ -119,6 +129,23 @@ def validate_arguments(spec: ToolSpec, raw: object, *, label: str | None = None)
             raise InvalidToolArguments(f"{name}: {detail}")
         return raw
     return model_arguments(spec.arguments, raw, name)
+
+
+def check_nesting(raw: object, nesting_max: int, name: str) -> None:
+    """An :class:`InvalidToolArguments` naming the depth and the cap when ``raw`` nests arrays and objects deeper
+    than ``nesting_max`` levels (``raw`` itself, the arguments object, is level 1), or holds itself."""
+    try:
+        inner = {key: nesting_depth(value) for key, value in raw.items()} if isinstance(raw, dict) else {}
+        depth = 1 + max(inner.values(), default=0) if isinstance(raw, dict) else nesting_depth(raw)
+    except ValueError as exc:
+        raise InvalidToolArguments(f"{name}: the arguments are not JSON: {exc}") from exc
+    if depth <= nesting_max:
+        return
+    where = f" (deepest in `{max(inner, key=inner.__getitem__)}`)" if inner else ""
+    raise InvalidToolArguments(
+        f"{name}: the arguments nest arrays and objects {depth:,} levels deep{where}, more than "
+        f"tools.json_nesting_max = {nesting_max} allows (the arguments object is level 1); send flatter values"
+    )
 
 
 def model_arguments(model: type[M], raw: object, name: str) -> M:

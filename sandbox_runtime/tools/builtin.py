@@ -5,6 +5,7 @@ from __future__ import annotations
 from sandbox_runtime.errors import InvalidToolArguments, PathNotFound
 from sandbox_runtime.policy import Policy
 from sandbox_runtime.spill.spiller import ResultDescriptor
+from sandbox_runtime.store.outputs import AttachmentStore, OutputsLimits
 from sandbox_runtime.tools.attach import ATTACH_FILE_DESCRIPTION, AttachFileArgs, attach_file
 from sandbox_runtime.tools.base import ToolContext, ToolReturn, ToolSpec, expired_or
 from sandbox_runtime.tools.delegate import DELEGATE_CALL_DESCRIPTION, DelegateCallArgs
@@ -21,6 +22,7 @@ from sandbox_runtime.tools.read_file import READ_FILE_DESCRIPTION, ReadFileArgs,
 from sandbox_runtime.tools.render_table import RENDER_TABLE_DESCRIPTION, RenderTableArgs, render_table
 from sandbox_runtime.tools.run_python import RunPythonArgs, parse_args, run_python
 from sandbox_runtime.tools.sql_query import SQL_QUERY_DESCRIPTION, SqlQueryArgs, sql_query
+from sandbox_runtime.tools.table_source import TableLimits
 
 __all__ = ["builtin_tools"]
 
@@ -75,11 +77,16 @@ def _edit_file(ctx: ToolContext, args: EditFileArgs) -> ToolReturn:
 
 
 def _attach_file(ctx: ToolContext, args: AttachFileArgs) -> ToolReturn:
+    limits = OutputsLimits.from_policy(ctx.policy.tools)
     try:
-        made = attach_file(ctx.root, ctx.outputs, args, max_bytes=ctx.policy.tools.attachment_max_bytes)
+        made = attach_file(ctx.root, ctx.outputs, args, max_bytes=ctx.policy.tools.attachment_max_bytes, limits=limits)
     except PathNotFound as exc:
         raise expired_or(ctx, args.path, exc) from exc
-    ctx.record_attachment(made)
+    try:
+        ctx.record_attachment(made)
+    except BaseException:
+        AttachmentStore(ctx.outputs, limits).discard(made.attachment_id)  # no attachment is left without its record
+        raise
     return ToolReturn(
         content=f"Attached {made.filename} ({made.bytes:,} bytes, {made.mime_type}) as {made.attachment_id}; the "
         f"user sees it as a download. It is kept after the results folder's cleanup.",
@@ -95,6 +102,7 @@ def _export_table(ctx: ToolContext, args: ExportTableArgs) -> ToolReturn:
             max_source_bytes=ctx.policy.store.read_max_bytes,
             max_table_file_bytes=ctx.policy.store.quota_bytes,  # streamed: no larger than the folder itself
             sort_memory_rows=ctx.policy.tools.sort_memory_rows_max,
+            limits=TableLimits.from_policy(ctx.policy.tools),
         )
     except PathNotFound as exc:
         raise expired_or(ctx, args.source, exc) from exc
@@ -122,6 +130,9 @@ def _render_table(ctx: ToolContext, args: RenderTableArgs) -> ToolReturn:
             max_source_bytes=ctx.policy.store.read_max_bytes,
             max_table_file_bytes=ctx.policy.store.quota_bytes,
             max_rows=ctx.policy.tools.render_rows_max,
+            max_cell_chars=ctx.policy.tools.render_cell_max_chars,
+            max_chars=ctx.policy.tools.render_max_chars,
+            limits=TableLimits.from_policy(ctx.policy.tools),
         )
     except PathNotFound as exc:
         raise expired_or(ctx, args.source or "", exc) from exc

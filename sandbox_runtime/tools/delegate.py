@@ -7,6 +7,10 @@ are accepted, 1,048,577 refused; links, FIFOs, devices and folders are refused),
 Pointer after ``#`` (``/mnt/results/spill/search-c1.json#/items/0``), and must hold a JSON object. The
 overrides are applied as an RFC 7386 JSON Merge Patch; the dispatch pipeline then validates the merged
 arguments against the target's schema, judges them (approval), and calls the target.
+
+Nesting is bounded by the policy's ``tools.json_nesting_max`` (arrays and objects; an arguments object is level 1)
+before anything recurses: the overrides, the arguments the file or its pointer selects (a file nested deeper than
+the JSON parser goes is refused with its depth too), and — by the pipeline — the merged arguments.
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from sandbox_runtime.errors import InvalidToolArguments
-from sandbox_runtime.spill.jsonio import loads
+from sandbox_runtime.spill.jsonio import loads, nesting_depth, text_nesting_depth
 from sandbox_runtime.store.safe_paths import ResultsRoot
 
 __all__ = [
@@ -65,7 +69,8 @@ class Expanded(BaseModel):
 
 
 def merge_patch(target: Any, patch: Any) -> Any:
-    """RFC 7386: objects merge key by key, ``null`` removes a key, anything else replaces (a copy is returned)."""
+    """RFC 7386: objects merge key by key, ``null`` removes a key, anything else replaces (a copy is returned).
+    Recurses as deep as ``patch`` nests: bound it first (:func:`expand_delegate_call` does)."""
     if not isinstance(patch, dict):
         return copy.deepcopy(patch)
     merged = dict(target) if isinstance(target, dict) else {}
@@ -104,24 +109,43 @@ def resolve_pointer(document: Any, pointer: str) -> Any:
     return here
 
 
-def expand_delegate_call(root: ResultsRoot, args: DelegateCallArgs, *, max_bytes: int) -> Expanded:
-    """Read the arguments file (capped at ``max_bytes``), select the pointer, and lay the overrides on top."""
+def expand_delegate_call(root: ResultsRoot, args: DelegateCallArgs, *, max_bytes: int, nesting_max: int) -> Expanded:
+    """Read the arguments file (capped at ``max_bytes``), select the pointer, and lay the overrides on top; the
+    overrides and the selected arguments may nest at most ``nesting_max`` levels (the object itself is level 1)."""
     path, _hash, pointer = args.args_file.partition("#")
+    overrides_depth = nesting_depth(args.overrides)
+    if overrides_depth > nesting_max:
+        raise InvalidToolArguments(
+            f"delegate_call: `overrides` nest {overrides_depth:,} levels deep, more than tools.json_nesting_max = "
+            f"{nesting_max} allows; send flatter values"
+        )
     data = root.read_bytes(path, max_bytes=max_bytes)
     shown = root.sandbox_path(root.parse(path))
+    where = f"{shown}#{pointer}" if pointer else shown
     try:
         document = loads(data.decode("utf-8"))
     except UnicodeDecodeError as exc:
         raise InvalidToolArguments(f"delegate_call: {shown} is not UTF-8 text (byte {exc.start})") from exc
-    except (ValueError, RecursionError) as exc:
+    except ValueError as exc:
+        depth = text_nesting_depth(data)
+        if depth > nesting_max:  # valid or not, too deep to parse: say how deep
+            raise _too_deep(shown, depth, nesting_max) from exc
         raise InvalidToolArguments(f"delegate_call: {shown} is not valid JSON: {exc}") from exc
     selected = resolve_pointer(document, pointer)
     if not isinstance(selected, dict):
-        where = f"{shown}#{pointer}" if pointer else shown
         raise InvalidToolArguments(
             f"delegate_call: {where} holds a JSON {type(selected).__name__}, not an object of arguments; write "
             f'{{"argument_name": value, ...}} to the file (or point into it with #/path)'
         )
+    depth = nesting_depth(selected)
+    if depth > nesting_max:
+        raise _too_deep(where, depth, nesting_max)
     arguments = merge_patch(selected, args.overrides) if args.overrides else selected
-    source = f"{shown}#{pointer}" if pointer else shown
-    return Expanded(tool=args.tool, arguments=arguments, source=source, file_bytes=len(data))
+    return Expanded(tool=args.tool, arguments=arguments, source=where, file_bytes=len(data))
+
+
+def _too_deep(where: str, depth: int, nesting_max: int) -> InvalidToolArguments:
+    return InvalidToolArguments(
+        f"delegate_call: the arguments in {where} nest arrays and objects {depth:,} levels deep, more than "
+        f"tools.json_nesting_max = {nesting_max} allows (the arguments object is level 1); write flatter arguments"
+    )

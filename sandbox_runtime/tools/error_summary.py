@@ -30,6 +30,11 @@ _CHAIN_PREFIXES = ("During handling of the above exception", "The above exceptio
 _FATAL = "Fatal Python error: "
 _SIGNAL_HINTS = {9: "often the memory limit", 11: "a crash in native code", 24: "the CPU time limit"}
 _MIN_EXCEPTION_CHARS = 60
+# the start of the exception line no cut ever takes: its class name, whole, and this much of its message
+_MESSAGE_START_CHARS = 40
+_CUT_MARKER_MAX_CHARS = len(" …[999,999,999,999 chars cut]… ")
+_CUT_TAIL_MIN_CHARS = 12  # beside a user frame, the exception line keeps at least this much of its end
+_FAULT_PATH_MAX_CHARS = 500  # faulthandler prints at most this much of a file name, then "..."
 _MAX_SOURCE_CHARS = 240
 _MIN_MAX_CHARS = 160
 
@@ -173,6 +178,9 @@ def _first_sub(items: list[_Block | _Sep], group: _Block) -> tuple[_Block | None
 
 
 def _is_user(path: str, prefixes: Sequence[str]) -> bool:
+    if len(path) == _FAULT_PATH_MAX_CHARS + 3 and path.endswith("..."):  # faulthandler cut a long file name
+        seen = path[:-3]
+        return any(prefix and (seen.startswith(prefix) or prefix.startswith(seen)) for prefix in prefixes)
     for prefix in prefixes:
         norm = prefix.rstrip("/") or "/"
         if prefix and (path == norm or path.startswith(norm if norm.endswith("/") else norm + "/")):
@@ -188,8 +196,8 @@ def _short_path(path: str) -> str:
     return match[1] if match else path
 
 
-def _signal_of(exit_code: int | None) -> int | None:
-    if exit_code is None:
+def _signal_of(exit_code: int | None, by_signal: bool | None) -> int | None:
+    if exit_code is None or by_signal is False:
         return None
     if exit_code < 0:
         return -exit_code
@@ -209,31 +217,41 @@ def _count(n: int, unit: str) -> str:
     return f"{n:,} {unit}" + ("" if n == 1 else "s")
 
 
-def _cut_middle(text: str, limit: int) -> str:
-    """Shorten ``text`` to at most ``limit`` characters, cutting its middle and saying how much went."""
+def _cut_middle(text: str, limit: int, head_min: int = 0) -> str:
+    """Shorten ``text`` to at most ``limit`` characters, cutting its middle and saying how much went; the first
+    ``head_min`` characters are never cut (with no room for both ends, the head is what stays)."""
     if len(text) <= limit:
         return text
     widest = f" …[{len(text):,} chars cut]… "
     keep = limit - len(widest)
-    if keep < 20:
+    if keep < max(20, head_min):
         return text[: max(limit - 1, 0)] + "…" if limit > 0 else ""
-    head = keep * 2 // 3
+    head = max(keep * 2 // 3, head_min)
     marker = f" …[{len(text) - keep:,} chars cut]… "
     return text[:head] + marker + text[len(text) - (keep - head) :]
 
 
-def _fit(first: tuple[str, str, str], frames: list[list[str]], extra: list[str], tails: list[str], limit: int) -> str:
-    """Assemble the message, dropping and cutting parts in priority order until it fits ``limit``."""
+def _fit(
+    first: tuple[str, str, str],
+    frames: list[list[str]],
+    extra: list[str],
+    tails: list[str],
+    limit: int,
+    head: int,
+) -> str:
+    """Assemble the message, dropping and cutting parts in priority order until it fits ``limit``; the first
+    ``head`` characters of the exception line are never cut while the budget holds them at all."""
     prefix, exc, suffix = first
-    floor = min(len(exc), max(_MIN_EXCEPTION_CHARS, limit // 4))
-    # Optional lines stay only beside a whole exception line; the user frame may share the room with a
-    # cut exception line that keeps at least ``floor`` characters; then only the short tail is left.
+    floor = min(len(exc), max(_MIN_EXCEPTION_CHARS, limit // 4, head + _CUT_MARKER_MAX_CHARS + _CUT_TAIL_MIN_CHARS))
+    # Optional lines stay only beside a whole exception line; the user frame (whose path may be of any length)
+    # may share the room with a cut exception line that keeps at least ``floor`` characters, its head whole;
+    # then only the short tail is left, so what stays of the exception line never depends on a path.
     options = [(tails[0], frames[0] + extra, len(exc))] + [(tails[0], body, floor) for body in frames]
     for tail, body, needed in [*options, (tails[-1], [], -limit)]:
         room = limit - len("\n".join([prefix + suffix, *body, tail]))
         if room >= needed:
             break
-    return "\n".join([prefix + _cut_middle(exc, max(room, 40)) + suffix, *body, tail])
+    return "\n".join([prefix + _cut_middle(exc, max(room, 40), head) + suffix, *body, tail])
 
 
 def _locate(lines: Sequence[str], prefixes: Sequence[str]) -> tuple[str, str | None, Frame | None, Frame | None]:
@@ -293,6 +311,12 @@ def _first_line(exception_line: str, exit_code: int | None, sig: int | None, las
     return f"Script {what} and wrote nothing to stderr.", "", ""
 
 
+def _head_chars(exception_line: str, exception_type: str | None) -> int:
+    """How much of the exception line no cut takes: the class name and the start of the message."""
+    name = len(exception_type) + 2 if exception_type and exception_line.startswith(exception_type) else 0
+    return min(len(exception_line), name + _MESSAGE_START_CHARS)
+
+
 def _frame_line(label: str, frame: Frame, path: str) -> str:
     func = f", in {frame.function}" if frame.function else ""
     return f"  {label} {path}, line {frame.line}{func}"
@@ -305,22 +329,26 @@ def summarize_failure(
     user_path_prefixes: Sequence[str],
     error_file_path: str,
     max_chars: int = 2000,
+    by_signal: bool | None = None,
 ) -> FailureSummary:
     """Summarize a failed script run for the model.
 
     ``stderr`` is the complete error output (decoded with ``errors="replace"``), ``exit_code`` the
-    process status (negative for a signal, as ``subprocess`` reports it, or 128+N from a shell),
+    process status (negative for a signal, as ``subprocess`` reports it, or 128+N from a shell; ``by_signal``
+    says whether a signal ended it when the caller knows, so that a script's own ``exit(137)`` is no SIGKILL),
     ``user_path_prefixes`` the folders holding the user's own files, ``error_file_path`` where the host
     saved the full stderr. The message is at most ``max_chars`` long (at least 160); it always holds the
-    exception line (cut in its middle when needed) and the error-file path, then when room allows the
-    user's frame and the innermost library frame. Only an error-file path too long for the budget can
-    make the message longer.
+    exception line and the error-file path, then when room allows the user's frame and the innermost
+    library frame. A long exception line is cut in its middle, never within its class name or the first 40
+    characters of its message, whatever the length of the paths in the traceback (only a budget too small
+    for the prefix, that head and the error-file path cuts the head itself, at its end). Only an error-file
+    path too long for the budget can make the message longer.
     """
     if max_chars < _MIN_MAX_CHARS:
         raise ValueError(f"max_chars must be at least {_MIN_MAX_CHARS}, got {max_chars}")
     lines = stderr.splitlines()
     exception_line, exception_type, user, library = _locate(lines, user_path_prefixes)
-    sig = _signal_of(exit_code)
+    sig = _signal_of(exit_code, by_signal)
     last = next((line.strip() for line in reversed(lines) if line.strip()), "")
     first = _first_line(exception_line, exit_code, sig, last)
     extra: list[str] = []
@@ -343,7 +371,7 @@ def summarize_failure(
         exception_line=exception_line or first[1],
         exception_type=exception_type,
         user_frame=user,
-        message=_fit(first, frames, extra, tails, max_chars),
+        message=_fit(first, frames, extra, tails, max_chars, _head_chars(first[1], exception_type)),
         library_frame=library,
         signal_number=sig,
     )

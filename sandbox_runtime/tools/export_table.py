@@ -5,9 +5,13 @@ The rows never pass through the model: the source is a spilled result or any tab
 sorted (type-aware, stable, NULLs last, bounded memory) and a row range taken. Filtering and grouping belong in
 SQL (run the query again with WHERE / GROUP BY) and are deliberately not here.
 
-No formula is ever made from data (SECURITY.md): in CSV a text cell starting with ``= + - @``, TAB, CR or LF
-gets a leading apostrophe; XLSX cells are written typed (text always as text, XlsxWriter's string conversions
-off). Both count those cells as guarded; the writers are in :mod:`~sandbox_runtime.tools.table_writers`. The
+No formula is ever made from data (SECURITY.md): in CSV a text cell that a spreadsheet would read as a formula
+— ``= + - @`` first once leading white space and invisible characters are skipped and full-width forms folded,
+or TAB, CR or LF first — gets a leading apostrophe; XLSX cells are written typed (text always as text,
+XlsxWriter's string conversions off). Both count those cells as guarded; the writers are in
+:mod:`~sandbox_runtime.tools.table_writers`. The source is read within the caps of
+:class:`~sandbox_runtime.tools.table_source.TableLimits` (line, cell, nesting) and sorted within a row and a
+byte budget, so memory stays bounded whatever the file's shape. The
 file is built in a host temporary folder, then published with
 :meth:`~sandbox_runtime.store.safe_paths.ResultsRoot.create_file` from it in chunks: nothing half-written is
 ever visible, memory stays bounded, and an existing name gets ``-2``, ``-3`` … (nothing is overwritten).
@@ -34,6 +38,7 @@ from sandbox_runtime.spill.cells import Cell, ColumnType
 from sandbox_runtime.store.safe_paths import ResultsRoot, display_name
 from sandbox_runtime.tools.table_source import (
     TABLE_FILE_SUFFIX,
+    TableLimits,
     TableSource,
     column_listing,
     open_table,
@@ -141,12 +146,15 @@ def export_table(
     max_table_file_bytes: int | None = None,
     sort_memory_rows: int = 100_000,
     tmp_dir: str | None = None,
+    limits: TableLimits | None = None,
 ) -> ExportResult:
     """Write the chosen rows and columns of ``args.source`` to ``exports/`` and describe the new file.
 
-    At most ``max_source_bytes`` of a whole-read source are read (``max_table_file_bytes`` of a streamed table
-    file); at most ``sort_memory_rows`` rows are held for sorting
-    (more go to temporary files in ``tmp_dir``, host side). Bad arguments raise :class:`InvalidToolArguments`.
+    At most ``max_source_bytes`` of a whole-read source (JSON) are read, ``max_table_file_bytes`` of a streamed
+    one (a table file, CSV, TSV, Markdown); ``limits`` caps its lines, cells and nesting (default: the policy's
+    defaults). At most ``sort_memory_rows`` rows, and 32 MiB of the source, are held for sorting (more go to
+    temporary files in ``tmp_dir``, host side). Bad arguments raise :class:`InvalidToolArguments`, a bad source
+    :class:`~sandbox_runtime.errors.BadTableFile`.
     """
     if sort_memory_rows < 1:
         raise ValueError("sort_memory_rows must be >= 1")
@@ -154,7 +162,9 @@ def export_table(
     stem = _stem_from_filename(args.filename) if args.filename is not None else None
     with ExitStack() as stack:
         source = stack.enter_context(
-            open_table(root, args.source, max_bytes=max_source_bytes, max_stream_bytes=max_table_file_bytes)
+            open_table(
+                root, args.source, max_bytes=max_source_bytes, max_stream_bytes=max_table_file_bytes, limits=limits
+            )
         )
         shown = display_name(source.path)
         picked = _pick_columns(source, args.columns)
@@ -279,6 +289,7 @@ def _ordered_rows(
             descending=sort.direction == "desc",
             memory_rows=memory_rows,
             tmp_dir=tmp_dir,
+            consumed=source.consumed,
         )
     )
     width = len(indices)

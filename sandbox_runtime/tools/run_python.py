@@ -14,6 +14,10 @@ cancelled          the caller cancelled the call: every process of the run was e
                    before it started, nothing ran; files written before that stay
 =================  ===========================================================================================
 
+``exit_code`` is the script's own exit status (128 + N when signal N ended it), whatever number it is: only the
+runner's verdict record, which the script cannot forge, says a run hit its time limit or an output cap, and
+then ``exit_code`` is None (as when the script never ran, or the call was cancelled before it started).
+
 A sandbox removed from outside while a script runs (``sandbox-runtime gc``, or by hand) ends the run with
 ``error`` and a message saying so; the next call starts a fresh sandbox. With a
 :class:`~sandbox_runtime.control.CallControl` the caller hears the run's progress about once a second (seconds
@@ -40,12 +44,19 @@ from sandbox_runtime.errors import InvalidToolArguments, PathNotFound, PathRejec
 from sandbox_runtime.policy import Policy
 from sandbox_runtime.sandbox.backend import ExecRequest, ExecResult
 from sandbox_runtime.sandbox.manager import Sandbox, SandboxManager
-from sandbox_runtime.sandbox.profile import PYTHON, code_user, exec_environment, runner_command
+from sandbox_runtime.sandbox.profile import (
+    PYTHON,
+    RunnerVerdict,
+    code_user,
+    exec_environment,
+    read_runner_verdict,
+    runner_command,
+)
 from sandbox_runtime.store.quota import QuotaUsage
 from sandbox_runtime.store.safe_paths import ResultsRoot
 from sandbox_runtime.tools.base import model_arguments
 from sandbox_runtime.tools.error_summary import summarize_failure
-from sandbox_runtime.tools.run_outcome import RunStatus, run_outcome
+from sandbox_runtime.tools.run_outcome import RunStatus, describe_end, run_outcome
 
 __all__ = ["InvalidToolArguments", "RunPythonArgs", "RunPythonResult", "RunStatus", "run_python"]
 
@@ -231,31 +242,49 @@ def _run_locked(
         manager.forget(conversation_id)
         sandbox = manager.get_or_create(conversation_id)
         result = manager.backend.exec(sandbox.container_id, request, exec_control)
-    outcome = run_outcome(manager.backend, policy, sandbox.container_id, result, timeout_s, oom_before)
+    result, verdict = read_runner_verdict(result)
+    if verdict is not None and result.container_died:
+        # the runner saw the run through, so the sandbox did not end during it: what read as gVisor's word that
+        # it had was the script's own stderr
+        result = result.model_copy(update={"container_died": False})
+    outcome = run_outcome(manager.backend, policy, sandbox.container_id, result, verdict, oom_before)
     removed = outcome.removed
-    _tend(manager, sandbox, result, run_number, removed=removed)
+    _tend(manager, sandbox, result, verdict, run_number, removed=removed)
     status = outcome.status
     breach = _quota_breach(manager, sandbox, result) if status in ("ok", "error") and not removed else None
     if breach is not None:
         status = "quota_exceeded"
-    return _finish(policy, root, script, run_number, result, status, timeout_s, breach, removed=removed)
+    return _finish(policy, root, script, run_number, result, verdict, status, timeout_s, breach, removed=removed)
 
 
-def _tend(manager: SandboxManager, sandbox: Sandbox, result: ExecResult, run_number: int, *, removed: bool) -> None:
+def _tend(
+    manager: SandboxManager,
+    sandbox: Sandbox,
+    result: ExecResult,
+    verdict: RunnerVerdict | None,
+    run_number: int,
+    *,
+    removed: bool,
+) -> None:
     """Leave the sandbox fit for the next run: forget a removed or ended one, restart one the run got around."""
     if removed:
         manager.discard(sandbox, f"removed from outside during run {run_number}")
     elif result.container_died:
         # gVisor ends its whole sandbox when the code exhausts memory or processes
         manager.discard(sandbox, f"the sandbox ended during run {run_number}")
-    elif result.over_cap is not None or result.deadline_hit:
-        # the runner did not stop the run itself (the code got around it, or a cancel's kill could not run):
-        # end every process at once
+    elif (
+        result.over_cap is not None
+        or result.deadline_hit
+        or (verdict is not None and verdict.verdict == "left_running")
+    ):
+        # the runner did not stop the run itself (the code got around it, or a cancel's kill could not run), or
+        # a process of the run outlived the runner's sweep: end every process at once
         logger.warning(
             "run %d in %s passed the host's backstop (%s); restarting the sandbox",
             run_number,
             sandbox.conversation_id,
-            result.over_cap or ("cancel" if result.cancelled else "deadline"),
+            result.over_cap
+            or ("cancel" if result.cancelled else "deadline" if result.deadline_hit else "left running"),
         )
         manager.restart(sandbox)
     if not (result.container_died or removed):
@@ -318,6 +347,7 @@ def _finish(
     script: str,
     run_number: int,
     result: ExecResult,
+    verdict: RunnerVerdict | None,
     status: RunStatus,
     timeout_s: float,
     breach: QuotaUsage | None,
@@ -326,10 +356,12 @@ def _finish(
 ) -> RunPythonResult:
     stdout = _decode(result.stdout[: policy.run.stdout_max_bytes])
     stderr = _decode(result.stderr[: policy.run.stderr_max_bytes])
+    # the script's own exit status; None when the runner ended the run (or the script never ran)
+    exit_code = result.exit_code if verdict is None or verdict.verdict == "exited" else None
     base: dict[str, Any] = dict(
         status=status,
         is_error=status != "ok",
-        exit_code=result.exit_code,
+        exit_code=exit_code,
         stdout=stdout,
         stderr=stderr,
         duration_s=round(result.duration_s, 3),
@@ -352,60 +384,38 @@ def _finish(
     extra: dict[str, Any] = {}
     summary = summarize_failure(
         stderr,
-        exit_code=result.exit_code,
+        exit_code=exit_code,
+        by_signal=None if verdict is None else verdict.signal is not None,  # the runner saw how the script ended
         user_path_prefixes=[policy.sandbox.results_mount_path + "/"],
         error_file_path=error_path or "(not saved: the results folder is full)",
         max_chars=policy.run.error_message_max_chars,
     )
-    if status == "error" and removed:
-        message = (
-            f"The sandbox was removed while the script ran (by `sandbox-runtime gc` or by hand), which ended the "
-            f"run before it finished. The next call starts a fresh sandbox; files the script wrote before that "
-            f"stay in {policy.sandbox.results_mount_path}. Output so far: {error_path or '(not saved)'}."
-        )
-    elif status == "error" and result.container_died:
-        limits = policy.sandbox.limits
-        message = (
-            f"The sandbox ended while the script ran: it reached a resource limit (at most {limits.pids_max:,} "
-            f"processes and threads, {limits.memory_bytes:,} bytes of memory). Start fewer processes or use less "
-            f"memory. A fresh sandbox starts with the next call; the results folder is unchanged. "
-            f"Full output: {error_path or '(not saved)'}."
-        )
-    elif status == "error":
-        message = summary.message
-    elif status == "timeout":
-        message = (
-            f"Stopped at the time limit of {timeout_s:g} s (timeout_s); every process of the run was "
-            f"ended. Make the script faster or pass a larger timeout_s (at most "
-            f"{policy.run.max_timeout_s:g} s). {summary.message}"
-        )
-    elif status == "memory_limit":
-        message = (
-            f"Killed: the run used more than the memory limit of {policy.sandbox.limits.memory_bytes:,} "
-            f"bytes. Process the data in smaller pieces (stream rows instead of loading them all). "
-            f"{summary.message}"
-        )
-    elif status == "output_limit":
-        stream = result.over_cap or ("stdout" if result.stdout_bytes_total > policy.run.stdout_max_bytes else "stderr")
+    stream = None
+    if status == "output_limit":
+        stream = result.over_cap or (verdict.stream if verdict is not None else None)
+        if stream is None:
+            stream = "stdout" if result.stdout_bytes_total > policy.run.stdout_max_bytes else "stderr"
         cap = policy.run.stdout_max_bytes if stream == "stdout" else policy.run.stderr_max_bytes
         output_path = _save(
             root,
             f"errors/run-{run_number:04d}.{stream}.txt",
             _decode((result.stdout if stream == "stdout" else result.stderr)[:cap]),
         )
-        message = (
-            f"Killed: the run printed more than {cap:,} bytes on {stream} (the cap). Write large output "
-            f"to a file in {policy.sandbox.results_mount_path} instead of printing it. The first {cap:,} "
-            f"bytes are in {output_path or '(not saved: the results folder is full)'}."
-        )
-    else:
-        assert breach is not None  # noqa: S101  (quota_exceeded is only set together with the breach)
+    if breach is not None:
         extra = {"used_bytes": breach.used_bytes, "limit_bytes": breach.limit_bytes}
-        message = (
-            f"The results folder is full: {breach.used_bytes:,} of {breach.limit_bytes:,} bytes used "
-            f"(the conversation's disk quota). Delete files you no longer need and run again. "
-            f"{summary.message}"
-        )
+    message = describe_end(
+        policy,
+        status,
+        result,
+        verdict,
+        removed=removed,
+        timeout_s=timeout_s,
+        summary=summary.message,
+        error_path=error_path,
+        stream=stream,
+        output_path=output_path,
+        breach=breach,
+    )
     return RunPythonResult(
         message=message,
         error_path=error_path,

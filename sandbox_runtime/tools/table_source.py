@@ -1,50 +1,54 @@
 """Tables read from the hostile results folder for ``export_table`` and ``render_table``, one row at a time.
 
-:func:`open_table` accepts two kinds of source:
+:func:`open_table` accepts three kinds of source, and never holds one whole as Python objects:
 
 * a table file (``*.table.jsonl``, how spilled tables are written): streamed line by line from the descriptor
-  :meth:`~sandbox_runtime.store.safe_paths.ResultsRoot.open_regular` opened, never read whole, so memory does not
-  grow with the row count; the byte cap is enforced while reading too (the sandbox may grow the file);
-* any other regular file (JSON, CSV, TSV, Markdown, text): read whole (at most ``max_bytes``), decoded as UTF-8,
-  parsed as JSON when it starts with ``[``/``{``, then recognised with
-  :func:`~sandbox_runtime.spill.tables.recognise_table`.
+  :meth:`~sandbox_runtime.store.safe_paths.ResultsRoot.open_regular` opened, up to ``max_stream_bytes``;
+* CSV, TSV and Markdown text: streamed the same way, twice (types first, then rows;
+  :mod:`~sandbox_runtime.tools.table_text`);
+* a JSON array of objects or a ``{columns, rows}`` object: read whole, at most ``max_bytes``
+  (``store.read_max_bytes``), and its rows decoded one at a time from the bytes
+  (:mod:`~sandbox_runtime.tools.table_json`): about 1x the file in memory.
 
-:func:`sort_rows` sorts a row stream type-aware and stably with bounded memory: runs of ``memory_rows`` rows are
-sorted in memory, written to anonymous host temporary files (never in the results folder) and merged with
-:func:`heapq.merge`. NULLs always come last, in source order, whatever the direction.
+Every reader keeps the caps of :class:`~sandbox_runtime.tools.table_lines.TableLimits` — a line (a row) of at
+most ``tools.table_line_max_bytes``, a cell of at most ``tools.table_cell_max_chars``, nesting of at most
+``tools.json_nesting_max`` — so its peak memory is at most about 4x the line cap whatever the file's shape (a
+whole-read JSON file adds its own bytes, at most ``store.read_max_bytes``), and a file
+past a cap, or a corrupt table file, is a :class:`~sandbox_runtime.errors.BadTableFile` naming the line and the
+cap. A file that is not a table at all is an :class:`~sandbox_runtime.errors.InvalidToolArguments` naming the
+accepted formats. Lines are read with :meth:`io.BufferedReader.readline` given a limit, never unbounded.
+
+Sorting lives in :mod:`~sandbox_runtime.tools.table_sort` (``sort_rows`` and ``sort_key`` are re-exported).
 """
 
 from __future__ import annotations
 
 import codecs
-import datetime as dt
-import heapq
 import io
 import itertools
 import json
 import logging
 import os
-import pickle
-import tempfile
-from collections.abc import Iterable, Iterator, Sequence
-from contextlib import ExitStack, contextmanager
-from dataclasses import dataclass
-from typing import IO, TYPE_CHECKING, Any, get_args
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from typing import get_args
 
-from sandbox_runtime.errors import FileTooLarge, InvalidToolArguments
-from sandbox_runtime.spill.cells import Cell, ColumnType
-from sandbox_runtime.spill.jsonio import loads, paused_gc
-from sandbox_runtime.spill.tables import TABLE_FORMAT, Table, TableFileError, iter_table_file, recognise_table
-from sandbox_runtime.store.capped import CappedReader
+import msgspec
+
+from sandbox_runtime.errors import BadTableFile, FileTooLarge, InvalidToolArguments
+from sandbox_runtime.spill.cells import Cell, ColumnType, coerce
+from sandbox_runtime.spill.tables import TABLE_FORMAT
 from sandbox_runtime.store.safe_paths import ResultsRoot, display_name
-
-if TYPE_CHECKING:
-    pass
+from sandbox_runtime.tools.table_json import json_table
+from sandbox_runtime.tools.table_lines import LineReader, TableLimits, TableSource, check_cells
+from sandbox_runtime.tools.table_sort import SortedRows, sort_key, sort_rows
+from sandbox_runtime.tools.table_text import text_table
 
 __all__ = [
     "ACCEPTED_FORMATS",
     "TABLE_FILE_SUFFIX",
     "SortedRows",
+    "TableLimits",
     "TableSource",
     "column_listing",
     "open_table",
@@ -60,65 +64,109 @@ ACCEPTED_FORMATS = (
     "a table file (*.table.jsonl, as tool results are saved), a JSON array of objects or a {columns, rows} object, "
     "CSV or TSV text with a header line, or a Markdown table"
 )
-_READ_CHUNK = 1 << 20  # bytes per read of a table file
-_BATCH_ROWS = 1024  # rows per pickled batch in a sort run (what one run holds in memory while merged)
-_MAX_FAN_IN = 64  # sort runs merged at once (open temporary files); more runs are merged in passes
+_READ_CHUNK = 1 << 20  # bytes per read when counting lines or looking for the first character
 _LISTED_COLUMNS = 100  # column names shown in an error at most
 _COLUMN_TYPES = frozenset(get_args(ColumnType))
-_PLAIN_RANK: dict[type, int] = {bool: 0, int: 1, float: 1, str: 3}  # exact types; subclasses take the long way
-
-
-@dataclass
-class TableSource:
-    """An opened table: its sandbox path, columns, column types, and its rows as a stream (read once).
-
-    ``row_count`` is known before reading (a recognised file's length, or the line count of a table file; the
-    stream itself stays the truth if the sandbox changes the file meanwhile). ``shape`` is ``table_file`` or the
-    shape :func:`recognise_table` found (``json_records``, ``csv``, ``markdown``, …).
-    """
-
-    path: str
-    columns: tuple[str, ...]
-    column_types: tuple[ColumnType, ...]
-    rows: Iterator[list[Cell]]
-    shape: str
-    row_count: int
-    notes: tuple[str, ...] = ()
+_SCALARS = frozenset({type(None), bool, int, float, str})
+_SPACE = b" \t\r\n\x0b\x0c"
 
 
 @contextmanager
 def open_table(
-    root: ResultsRoot, path: str, *, max_bytes: int, max_stream_bytes: int | None = None
+    root: ResultsRoot,
+    path: str,
+    *,
+    max_bytes: int,
+    max_stream_bytes: int | None = None,
+    limits: TableLimits | None = None,
 ) -> Iterator[TableSource]:
     """Open ``path`` (in the results folder) as a table; its rows are readable until the context ends.
 
-    A whole-read file is capped at ``max_bytes``; a table file, streamed in constant memory, at
-    ``max_stream_bytes`` (default: ``max_bytes``).
+    A JSON file, read whole, is capped at ``max_bytes``; a table file or CSV/TSV/Markdown text, streamed, at
+    ``max_stream_bytes`` (default: ``max_bytes``). ``limits`` are the line, cell and nesting caps (default: the
+    policy's defaults).
 
-    Raises :class:`InvalidToolArguments` when the file is not a table (naming the accepted formats and why),
-    is not UTF-8, or is a corrupt table file (naming the line); path errors come from ``ResultsRoot``.
+    Raises :class:`BadTableFile` for a corrupt table file or one past a cap (naming the line and the cap), and
+    :class:`InvalidToolArguments` when the file is not a table (naming the accepted formats and why) or is not
+    UTF-8; path errors come from ``ResultsRoot``.
     """
+    limits = limits or TableLimits()
     components = root.parse(path)
     sandbox = root.sandbox_path(components)
     shown = display_name(sandbox)
-    if components[-1].endswith(TABLE_FILE_SUFFIX):
-        cap = max_bytes if max_stream_bytes is None else max_stream_bytes
-        with root.open_regular(components, max_bytes=cap) as (file, _st):
-            yield _table_file(file, sandbox, shown, cap)
-        return
-    yield _whole_file(root.read_bytes(components, max_bytes=max_bytes), sandbox, shown)
+    cap = max_bytes if max_stream_bytes is None else max_stream_bytes
+    with root.open_regular(components, max_bytes=max(cap, max_bytes)) as (file, st):
+        reader = LineReader(file, max_bytes=cap, limits=limits, shown=shown)
+        if components[-1].endswith(TABLE_FILE_SUFFIX):
+            if st.st_size > cap:
+                raise FileTooLarge(f"{shown} is {st.st_size:,} bytes, more than the cap of {cap:,} bytes")
+            yield _table_file(reader, file, sandbox, shown, cap, limits)
+            return
+        start = _first_character(file)
+        if start is not None and os.pread(file.fileno(), 1, start) in (b"[", b"{"):
+            found = _json_file(file, st.st_size, start, sandbox, shown, max_bytes, limits)
+        else:
+            if st.st_size > cap:
+                raise FileTooLarge(f"{shown} is {st.st_size:,} bytes, more than the cap of {cap:,} bytes")
+            found = text_table(reader, sandbox, shown, limits) if start is not None else "empty text"
+        if isinstance(found, str):
+            raise InvalidToolArguments(f"{shown} is not a table ({found}); {_accepted()}")
+        yield found
+
+
+def _accepted() -> str:
+    return f"accepted are {ACCEPTED_FORMATS} (for Excel or Parquet files use run_python)"
+
+
+def _first_character(file: io.FileIO) -> int | None:
+    """The offset of the first byte that is not a UTF-8 BOM or white space; None for a blank file."""
+    offset = len(codecs.BOM_UTF8) if os.pread(file.fileno(), 3, 0) == codecs.BOM_UTF8 else 0
+    while chunk := os.pread(file.fileno(), _READ_CHUNK, offset):
+        rest = chunk.lstrip(_SPACE)
+        if rest:
+            return offset + len(chunk) - len(rest)
+        offset += len(chunk)
+    return None
+
+
+def _json_file(
+    file: io.FileIO, size: int, start: int, sandbox: str, shown: str, max_bytes: int, limits: TableLimits
+) -> TableSource | str:
+    if size > max_bytes:
+        raise FileTooLarge(
+            f"{shown} is {size:,} bytes, more than the {max_bytes:,} bytes a JSON table may have (it is read whole; "
+            "policy store.read_max_bytes); write large tables as CSV, which is streamed"
+        )
+    data = _read_whole(file, size, max_bytes, shown)
+    if b"\x00" in data:
+        raise InvalidToolArguments(f"{shown} is binary (it holds NUL bytes), not a table; {_accepted()}")
+    return json_table(data, start, sandbox, shown, limits)
+
+
+def _read_whole(file: io.FileIO, size: int, max_bytes: int, shown: str) -> bytes:
+    """The file's bytes in one buffer (no chunks joined: 1x the file), at most ``max_bytes``."""
+    data = os.pread(file.fileno(), min(size, max_bytes) + 1, 0)
+    while len(data) <= max_bytes and (more := os.pread(file.fileno(), max_bytes + 1 - len(data), len(data))):
+        data += more  # it grew since it was measured (or the read was short)
+    if len(data) > max_bytes:
+        raise FileTooLarge(f"{shown} grew past the cap of {max_bytes:,} bytes while it was read")
+    return data
 
 
 # table files ---------------------------------------------------------------------------------------------
-def _table_file(file: io.FileIO, sandbox: str, shown: str, max_bytes: int) -> TableSource:
+def _table_file(
+    reader: LineReader, file: io.FileIO, sandbox: str, shown: str, max_bytes: int, limits: TableLimits
+) -> TableSource:
     row_count = max(0, _count_lines(file.fileno(), max_bytes, shown) - 1)
-    lines = _decoded_lines(io.BufferedReader(CappedReader(file, max_bytes, shown), _READ_CHUNK), shown)
-    first = next(lines, None)
+    blocks = reader.blocks()
+    first = next(blocks, None)
     if first is None:
-        raise InvalidToolArguments(f"{shown} is empty, not a table file; {_accepted()}")
-    columns, types = _header(first, shown)
-    rows = _checked_rows(iter_table_file(itertools.chain([first], lines)), shown)
-    return TableSource(sandbox, columns, types, rows, "table_file", row_count)
+        raise BadTableFile(f"{shown} is empty, not a table file; {_accepted()}")
+    block, lines, _broken = first
+    columns, types = _header(_utf8(lines[0], 1, shown), shown)
+    head = (block[len(lines[0]) + 1 :], lines[1:], _broken)  # the rows of the first block
+    rows = _table_rows(itertools.chain([head], blocks), columns, types, shown, limits)
+    return TableSource(sandbox, columns, types, rows, "table_file", row_count, (), reader.consumed)
 
 
 def _count_lines(fd: int, max_bytes: int, shown: str) -> int:
@@ -134,21 +182,20 @@ def _count_lines(fd: int, max_bytes: int, shown: str) -> int:
     return lines + (last != b"\n")
 
 
-def _decoded_lines(binary: Iterable[bytes], shown: str) -> Iterator[str]:
+def _utf8(raw: bytes, number: int, shown: str) -> str:
     # surrogatepass: table files keep lone surrogates of their source that way (spill.tables writes them so)
-    for number, raw in enumerate(binary, start=1):
-        try:
-            yield raw.decode("utf-8", "surrogatepass")
-        except UnicodeDecodeError as exc:
-            raise InvalidToolArguments(
-                f"{shown} is not a valid table file: line {number:,} is not UTF-8 (invalid byte at offset "
-                f"{exc.start:,} of the line)"
-            ) from exc
+    try:
+        return raw.decode("utf-8", "surrogatepass")
+    except UnicodeDecodeError as exc:
+        raise BadTableFile(
+            f"{shown} is not a valid table file: line {number:,} is not UTF-8 (invalid byte at offset "
+            f"{exc.start:,} of the line)"
+        ) from exc
 
 
 def _header(line: str, shown: str) -> tuple[tuple[str, ...], tuple[ColumnType, ...]]:
-    def bad(problem: str) -> InvalidToolArguments:
-        return InvalidToolArguments(f"{shown} is not a valid table file: line 1: {problem}")
+    def bad(problem: str) -> BadTableFile:
+        return BadTableFile(f"{shown} is not a valid table file: line 1: {problem}")
 
     try:
         header = json.loads(line)
@@ -164,44 +211,49 @@ def _header(line: str, shown: str) -> tuple[tuple[str, ...], tuple[ColumnType, .
     return tuple(columns), tuple(types)
 
 
-def _checked_rows(
-    found: Iterator[tuple[tuple[str, ...], tuple[ColumnType, ...], list[Cell]]], shown: str
+def _table_rows(
+    blocks: Iterator[tuple[bytes, list[bytes], bool]],
+    columns: tuple[str, ...],
+    types: tuple[ColumnType, ...],
+    shown: str,
+    limits: TableLimits,
 ) -> Iterator[list[Cell]]:
-    try:
-        for _columns, _types, row in found:
-            yield row
-    except TableFileError as exc:
-        raise InvalidToolArguments(f"{shown} is not a valid table file: {exc}") from exc
+    """Every row after the header: a JSON array of one cell per column, dates decoded by column type.
 
-
-# other files ---------------------------------------------------------------------------------------------
-def _accepted() -> str:
-    return f"accepted are {ACCEPTED_FORMATS} (for Excel or Parquet files use run_python)"
-
-
-def _whole_file(data: bytes, sandbox: str, shown: str) -> TableSource:
-    data = data.removeprefix(codecs.BOM_UTF8)
-    if b"\x00" in data:
-        raise InvalidToolArguments(f"{shown} is binary (it holds NUL bytes), not a table; {_accepted()}")
-    try:
-        text = data.decode("utf-8", "surrogatepass")
-    except UnicodeDecodeError as exc:
-        raise InvalidToolArguments(
-            f"{shown} is not UTF-8 text (invalid byte at offset {exc.start:,}), so not a table; {_accepted()}"
-        ) from exc
-    value: object = text
-    stripped = text.strip()
-    with paused_gc():
-        if stripped[:1] in ("[", "{"):
+    A block whose lines each start with the one ``[`` it holds and which holds no ``{`` has no nested cell (two
+    scans of the block at C speed); the rows of other blocks are looked at one by one."""
+    width = len(columns)
+    dated = [(i, kind) for i, kind in enumerate(types) if kind in ("date", "datetime")]  # only these change
+    cell_max_chars = limits.cell_max_chars
+    decode = msgspec.json.decode
+    number = 1
+    for block, lines, _broken in blocks:
+        flat = b"{" not in block and block.count(b"[") == len(lines) == block.count(b"\n[") + block.startswith(b"[")
+        for raw in lines:
+            number += 1
             try:
-                value = loads(stripped)
-            except (ValueError, RecursionError):
-                value = text  # recognise_table tries a Python literal and says why it is not a table
-        found = recognise_table(value)
-    if not isinstance(found, Table):
-        raise InvalidToolArguments(f"{shown} is not a table ({found}); {_accepted()}")
-    rows = (list(row) for row in found.iter_rows())
-    return TableSource(sandbox, found.columns, found.column_types, rows, found.shape, found.row_count, found.notes)
+                row = decode(raw)
+            except (msgspec.DecodeError, RecursionError):
+                row = _row(raw, number, shown, limits)
+            if type(row) is not list or len(row) != width:
+                raise BadTableFile(f"{shown} is not a valid table file: line {number:,}: expected {width} cells")
+            if len(raw) > cell_max_chars or not (flat or set(map(type, row)) <= _SCALARS):
+                check_cells(row, limits, shown, f"line {number:,}")  # a long line, or nested cells
+            for i, kind in dated:
+                row[i] = coerce(row[i], kind)
+            yield row
+
+
+def _row(raw: bytes, number: int, shown: str, limits: TableLimits) -> object:
+    """A row msgspec refused: lone surrogates, NaN, numbers out of range go to the standard library; nesting
+    deeper than the parser goes is a :class:`BadTableFile`."""
+    where = f"line {number:,}"
+    try:
+        return json.loads(_utf8(raw, number, shown))
+    except RecursionError as exc:
+        raise limits.too_deep(shown, where, exc) from exc
+    except ValueError as exc:
+        raise BadTableFile(f"{shown} is not a valid table file: {where}: not a JSON row ({exc})") from exc
 
 
 # columns -------------------------------------------------------------------------------------------------
@@ -226,117 +278,3 @@ def select_columns(source: TableSource, names: Sequence[str], *, tool: str) -> l
             )
         found.append(position[name])
     return found
-
-
-# sorting -------------------------------------------------------------------------------------------------
-def sort_key(value: Cell) -> tuple[int, Any]:
-    """A key that orders any two non-NULL cells: booleans, then numbers (ints and floats together), then dates
-    and datetimes (a date is its midnight; aware datetimes in UTC), then text by code point."""
-    rank = _PLAIN_RANK.get(type(value))
-    if rank is not None:
-        return rank, value
-    if isinstance(value, bool):
-        return 0, value
-    if isinstance(value, int | float):
-        return 1, value
-    if isinstance(value, dt.datetime):
-        if value.utcoffset() is not None:
-            value = value.astimezone(dt.UTC)
-        return 2, value.replace(tzinfo=None)
-    if isinstance(value, dt.date):
-        return 2, dt.datetime(value.year, value.month, value.day)
-    return 3, str(value)
-
-
-@dataclass
-class SortedRows:
-    """Sorted rows (iterate once) and how many rows the source had."""
-
-    total: int
-    rows: Iterator[list[Cell]]
-
-
-@contextmanager
-def sort_rows(
-    rows: Iterable[list[Cell]],
-    position: int,
-    *,
-    descending: bool,
-    memory_rows: int,
-    tmp_dir: str | None = None,
-) -> Iterator[SortedRows]:
-    """Sort ``rows`` by the cell at ``position``: stable, NULLs last in source order, at most ``memory_rows``
-    rows in memory at once (runs spill to anonymous temporary files in ``tmp_dir``, removed on exit)."""
-    if memory_rows < 1:
-        raise ValueError("memory_rows must be >= 1")
-
-    def key(row: list[Cell]) -> tuple[int, Any]:
-        return sort_key(row[position])
-
-    with ExitStack() as stack:
-
-        def new_run() -> IO[bytes]:
-            return stack.enter_context(tempfile.TemporaryFile(dir=tmp_dir, prefix="sandbox-runtime-sort-"))
-
-        runs: list[IO[bytes]] = []
-        nulls: IO[bytes] | None = None
-        null_batch: list[list[Cell]] = []
-        chunk: list[list[Cell]] = []
-        total = 0
-        for row in rows:
-            total += 1
-            if row[position] is None:
-                null_batch.append(row)
-                if len(null_batch) >= _BATCH_ROWS:
-                    nulls = nulls or new_run()
-                    _dump(nulls, null_batch)
-                    null_batch = []
-            else:
-                chunk.append(row)
-                if len(chunk) >= memory_rows:
-                    chunk.sort(key=key, reverse=descending)
-                    runs.append(_write_run(new_run(), chunk))
-                    chunk = []
-        chunk.sort(key=key, reverse=descending)
-        if runs and chunk:
-            runs.append(_write_run(new_run(), chunk))
-            chunk = []
-        while len(runs) > _MAX_FAN_IN:  # merge consecutive groups so source order still breaks ties
-            runs = [
-                _write_run(new_run(), heapq.merge(*map(_read_run, group), key=key, reverse=descending))
-                for group in (runs[i : i + _MAX_FAN_IN] for i in range(0, len(runs), _MAX_FAN_IN))
-            ]
-        logger.debug("sorted %d rows in %d runs of at most %d rows", total, len(runs), memory_rows)
-        ordered: Iterator[list[Cell]] = (
-            heapq.merge(*map(_read_run, runs), key=key, reverse=descending) if runs else iter(chunk)
-        )
-        tail = itertools.chain(_read_run(nulls) if nulls is not None else (), null_batch)
-        yield SortedRows(total, itertools.chain(ordered, tail))
-
-
-def _dump(file: IO[bytes], batch: list[list[Cell]]) -> None:
-    pickle.dump(batch, file, protocol=pickle.HIGHEST_PROTOCOL)
-
-
-def _write_run(file: IO[bytes], rows: Iterable[list[Cell]]) -> IO[bytes]:
-    """Write ``rows`` to ``file`` in pickled batches; the file is rewound for :func:`_read_run`."""
-    batch: list[list[Cell]] = []
-    for row in rows:
-        batch.append(row)
-        if len(batch) >= _BATCH_ROWS:
-            _dump(file, batch)
-            batch = []
-    if batch:
-        _dump(file, batch)
-    file.flush()
-    return file
-
-
-def _read_run(file: IO[bytes]) -> Iterator[list[Cell]]:
-    file.seek(0)
-    while True:
-        try:
-            batch: list[list[Cell]] = pickle.load(file)  # noqa: S301  (our own anonymous host temporary file)
-        except EOFError:
-            return
-        yield from batch

@@ -2,12 +2,17 @@
 
 :func:`open_sheet` gives a :class:`TableSheet` that writes a header and then rows, one at a time, to a file:
 
-* CSV: UTF-8, ISO dates, ``true``/``false``, NULL as an empty field; a text cell starting with ``= + - @``,
-  TAB, CR or LF gets a leading apostrophe (SECURITY.md);
+* CSV: UTF-8, ISO dates, ``true``/``false``, NULL as an empty field; a text cell a spreadsheet would take for
+  a formula gets a leading apostrophe (SECURITY.md): one starting with TAB, CR or LF, or whose first visible
+  character is ``= + - @`` once full-width and other compatibility forms are folded (NFKC: the full-width
+  U+FF1D is ``=``). Leading white space (spaces, NBSP, ideographic space …) and invisible characters (BOM,
+  zero-width space and joiners, bidirectional marks, every other Unicode format or control character, and the
+  rest of Unicode's default-ignorable code points) are skipped, as a spreadsheet skips them;
 * XLSX: one sheet of typed cells in row order (XlsxWriter's constant-memory mode, its string conversions off,
   so text is always text), the header bold and frozen, and a fixed document date so the same input gives the
   same bytes. Values Excel cannot hold exactly (long integers, dates before 1900, time zones) are written as
-  text or in UTC.
+  text or in UTC; a datetime whose UTC time is past the range of dates (``9999-12-31T23:00:00-05:00``) as its
+  ISO text.
 
 Characters a format cannot hold are replaced with U+FFFD. Every such change is counted in a :class:`CellTally`,
 whose :meth:`~CellTally.notes` describe them for the result message.
@@ -19,6 +24,7 @@ import csv
 import datetime as dt
 import math
 import re
+import unicodedata
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
@@ -35,6 +41,7 @@ __all__ = [
     "CellTally",
     "ExportFormat",
     "TableSheet",
+    "formula_like",
     "open_sheet",
     "plural",
 ]
@@ -52,8 +59,16 @@ _XLSX_OPTIONS = {
     "strings_to_urls": False,
     "strings_to_numbers": False,
 }
-_FORMULA_START = ("=", "+", "-", "@", "\t", "\r", "\n")
-_FORMULA_FIRST = frozenset(_FORMULA_START)
+_FORMULA_CHARS = frozenset("=+-@")  # what a formula starts with, once what precedes it is skipped and folded
+_BREAKS_FIRST = ("\t", "\r", "\n")  # a cell starting with these is guarded as it is
+_INVISIBLE_CATEGORIES = frozenset({"Cc", "Cf", "Zs", "Zl", "Zp"})  # controls, format characters, separators
+# Unicode's default-ignorable code points outside those categories (DerivedCoreProperties.txt): the combining
+# grapheme joiner, Hangul fillers, Khmer inherent vowels, Mongolian variation selectors, variation selectors
+_IGNORABLE = re.compile("[\u034f\u115f\u1160\u17b4\u17b5\u180b-\u180f\u3164\ufe00-\ufe0f\uffa0\U000e0100-\U000e01ef]")
+_SAFE_FIRST = frozenset(map(chr, range(0x21, 0x7F))) - _FORMULA_CHARS  # visible ASCII that starts no formula
+_FOLD_CHARS = 8  # characters folded (NFKC) to read the first visible one: enough for any composition
+_CSV_LONG_CHARS = 1 << 16  # a row with a text cell this long is written field by field
+_CSV_QUOTED = re.compile('[,"\r\n]')  # what makes the csv module quote a field (excel dialect, QUOTE_MINIMAL)
 _CSV_AS_IS = frozenset({int, type(None), dt.date})  # the csv module writes these right: 12, empty, 2026-01-31
 _SURROGATES = re.compile("[\ud800-\udfff]")
 _XLSX_UNSAFE = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\ud800-\udfff]")  # C0 controls but TAB/LF/CR
@@ -74,6 +89,7 @@ class CellTally:
     long_numbers: int = 0
     early_dates: int = 0
     zoned: int = 0
+    beyond_range: int = 0
 
     def notes(self) -> list[str]:
         found = [
@@ -82,16 +98,32 @@ class CellTally:
             (self.long_numbers, "integer", "of 16 or more digits written as text (Excel keeps 15 digits)"),
             (self.early_dates, "date", f"before {_XLSX_FIRST_YEAR} written as ISO text (Excel has no earlier dates)"),
             (self.zoned, "datetime", "with a time zone written in UTC (Excel has no time zones)"),
+            (self.beyond_range, "datetime", "whose UTC time is past the range of dates written as ISO text"),
         ]
         return [f"{plural(count, unit)} {what}" for count, unit, what in found if count]
+
+
+def _invisible(char: str) -> bool:
+    return char.isspace() or unicodedata.category(char) in _INVISIBLE_CATEGORIES or _IGNORABLE.match(char) is not None
+
+
+def formula_like(text: str) -> bool:
+    """Whether a spreadsheet opening ``text`` as a CSV cell could take it for a formula: it starts with TAB, CR
+    or LF, or its first visible character, folded with NFKC, is ``= + - @``."""
+    if text.startswith(_BREAKS_FIRST):
+        return True
+    for index, char in enumerate(text):
+        if not _invisible(char):
+            return unicodedata.normalize("NFKC", text[index : index + _FOLD_CHARS])[:1] in _FORMULA_CHARS
+    return False
 
 
 def _safe_text(value: object, tally: CellTally, *, xlsx: bool) -> str:
     """A text cell made safe: never a formula (CSV: a leading apostrophe; XLSX: text all the same), characters
     the format cannot hold replaced (lone surrogates; in XLSX also C0 controls but TAB/LF/CR), XLSX's cap kept."""
     text = value if isinstance(value, str) else str(cell(value))
-    formula_like = text.startswith(_FORMULA_START)
-    tally.guarded += formula_like
+    guard = formula_like(text)
+    tally.guarded += guard
     unsafe = _XLSX_UNSAFE if xlsx else _SURROGATES
     if unsafe.search(text):
         text, replaced = unsafe.subn("\ufffd", text)
@@ -99,7 +131,7 @@ def _safe_text(value: object, tally: CellTally, *, xlsx: bool) -> str:
     if xlsx and len(text) > _XLSX_MAX_CHARS:
         text = text[:_XLSX_MAX_CHARS]
         tally.cut += 1
-    return "'" + text if formula_like and not xlsx else text
+    return "'" + text if guard and not xlsx else text
 
 
 class TableSheet(Protocol):
@@ -111,32 +143,59 @@ class TableSheet(Protocol):
 
 
 class _CsvSheet:
-    """UTF-8 CSV: a header line, ISO dates, ``true``/``false``, NULL as an empty field, formulas guarded."""
+    """UTF-8 CSV: a header line, ISO dates, ``true``/``false``, NULL as an empty field, formulas guarded.
+
+    A row with a long cell (64 Ki characters or more) is written field by field, quoted as the csv module quotes
+    (``QUOTE_MINIMAL``): the csv module builds a whole row in a buffer of 4 bytes a character, six times the row,
+    which for a row at the line cap would be ~100 MB."""
 
     def __init__(self, file: IO[str], tally: CellTally) -> None:
+        self._file = file
         self._csv = csv.writer(file)
         self._tally = tally
+        self._long = False  # the row being written has a long cell
 
     def header(self, names: Sequence[str]) -> None:
         self._csv.writerow([_safe_text(name, self._tally, xlsx=False) for name in names])
 
     def write(self, row: Sequence[Cell]) -> None:
         # the common cells pass as they are: integers, NULL, finite floats (the csv module writes repr), and
-        # text that does not start like a formula and holds no lone surrogate
-        self._csv.writerow(
-            [
-                value
-                if type(value) in _CSV_AS_IS
-                or (type(value) is float and value - value == 0.0)
-                or (
-                    type(value) is str
-                    and value[:1] not in _FORMULA_FIRST
-                    and (value.isascii() or not _SURROGATES.search(value))
-                )
-                else self._cell(value)
-                for value in row
-            ]
-        )
+        # short text whose first character is visible ASCII other than = + - @, holding no lone surrogate
+        cells = [
+            value
+            if type(value) in _CSV_AS_IS
+            or (type(value) is float and value - value == 0.0)
+            or (
+                type(value) is str
+                and value[:1] in _SAFE_FIRST
+                and len(value) < _CSV_LONG_CHARS
+                and (value.isascii() or not _SURROGATES.search(value))
+            )
+            else self._cell(value)
+            for value in row
+        ]
+        if self._long:
+            self._long = False
+            self._write_fields(cells)
+        else:
+            self._csv.writerow(cells)
+
+    def _write_fields(self, cells: Sequence[object]) -> None:
+        """One row written a field at a time, as ``csv.writer`` (excel dialect) writes it."""
+        texts = ["" if value is None else value if isinstance(value, str) else str(value) for value in cells]
+        if texts == [""]:
+            self._file.write('""\r\n')  # a row of one empty field, told apart from an empty line
+            return
+        for index, text in enumerate(texts):
+            if index:
+                self._file.write(",")
+            if _CSV_QUOTED.search(text):
+                self._file.write('"')
+                self._file.write(text.replace('"', '""'))
+                self._file.write('"')
+            else:
+                self._file.write(text)
+        self._file.write("\r\n")
 
     def _cell(self, value: Cell) -> str:
         if value is None:
@@ -149,6 +208,7 @@ class _CsvSheet:
             return str(value)
         if isinstance(value, dt.date):
             return value.isoformat()
+        self._long = self._long or len(value) >= _CSV_LONG_CHARS
         return _safe_text(value, self._tally, xlsx=False)
 
 
@@ -195,7 +255,12 @@ class _XlsxSheet:
     def _write_date(self, at: int, column: int, value: dt.date) -> None:
         if isinstance(value, dt.datetime):
             if value.utcoffset() is not None:
-                value = value.astimezone(dt.UTC)
+                try:
+                    value = value.astimezone(dt.UTC)
+                except OverflowError:  # its UTC time is before year 1 or after year 9999
+                    self._tally.beyond_range += 1
+                    self._sheet.write_string(at, column, value.isoformat())
+                    return
                 self._tally.zoned += 1
             value = value.replace(tzinfo=None)
         if value.year < _XLSX_FIRST_YEAR:

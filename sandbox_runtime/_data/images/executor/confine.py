@@ -1,4 +1,4 @@
-"""In-sandbox confinement applied by the runner to the code's process just before it starts.
+"""In-sandbox confinement the runner applies to itself just before it starts the code, which inherits it.
 
 * ``no_new_privs`` is set, and a seccomp filter is installed that refuses (EPERM) the system calls a sandboxed
   script never needs and an escape always does: namespaces (``unshare``, ``setns``, ``clone`` with namespace
@@ -13,6 +13,9 @@
 The filter's system call numbers are x86_64's. On other machines only ``no_new_privs`` and the rlimit are
 applied here: under ``runc`` Docker's filter still holds; under ``runsc`` the host's self-check, which tries a
 user namespace from inside, then fails closed and no sandbox starts.
+
+:func:`forbid_inspection` makes the runner itself non-dumpable, so a script of the same uid cannot open its
+memory or (under runc) its descriptors through ``/proc``; ``exec`` resets it, so the script stays dumpable.
 Standard library only: this file runs inside the executor image.
 """
 
@@ -21,6 +24,7 @@ import os
 import resource
 import struct
 
+PR_SET_DUMPABLE = 4
 PR_SET_NO_NEW_PRIVS = 38
 PR_SET_SECCOMP = 22
 SECCOMP_MODE_FILTER = 2
@@ -124,7 +128,7 @@ def _offset(labels, target, index):
 
 
 def install(nproc_max):
-    """Confine the calling process (and all it starts); call after fork, before exec."""
+    """Confine the calling process and every process it starts from now on."""
     libc = ctypes.CDLL(None, use_errno=True)
     if libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
         raise OSError(ctypes.get_errno(), "prctl(PR_SET_NO_NEW_PRIVS) failed")
@@ -142,3 +146,10 @@ def install(nproc_max):
     prog = SockFprog(len(rows), ctypes.addressof(buffer))
     if libc.prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, ctypes.byref(prog), 0, 0) != 0:
         raise OSError(ctypes.get_errno(), "prctl(PR_SET_SECCOMP) failed")
+
+
+def forbid_inspection():
+    """Make the calling process non-dumpable: ``/proc/<pid>/mem``, ``environ`` and ``fd`` need CAP_SYS_PTRACE."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_DUMPABLE) failed")

@@ -2,15 +2,45 @@
 
 Usage: run.py TIMEOUT_S GRACE_S STDOUT_MAX_BYTES STDERR_MAX_BYTES NPROC_MAX PROGRAM [ARG...]
 
-Before the script starts, its process is confined (``confine.py``: no_new_privs, a seccomp filter, and
-RLIMIT_NPROC when NPROC_MAX > 0); if that fails the script does not run and the exit status is 126.
-
 The container's own command (the keeper) runs under a different uid from the code, so ``kill(-1, ...)``
 from here reaches every process of the code's uid except this runner: processes left by an earlier run
 (a double-forked daemon) are ended before the script starts, and everything the script started is ended
-after it returns. The exit status is the script's (128 + signal number when a signal ended it); 124 means
-this runner stopped it at its time limit, 125 that it passed an output cap (the runner relays stdout and
-stderr through pipes of its own and stops at cap + 1 bytes, so the host never has to cut the stream).
+after it returns. The runner relays stdout and stderr through pipes of its own and stops at cap + 1 bytes,
+so the host never has to cut the stream.
+
+Before the script starts, the runner confines itself (``confine.py``: no_new_privs, a seccomp filter that
+refuses ``ptrace`` and ``process_vm_writev`` among others, RLIMIT_NPROC when NPROC_MAX > 0) and the script
+inherits that confinement; it also makes itself non-dumpable, which the script's ``exec`` does not inherit.
+
+The verdict: the exit status is the script's own (128 + signal number when a signal ended it), and the
+runner's record of how the run ended is the last line of stderr::
+
+    \\0sandbox-runtime-verdict VERDICT EXIT SIGNAL STREAM\\n
+
+VERDICT is ``exited`` (EXIT is the script's status, SIGNAL the signal that ended it or ``-``), ``timeout``
+(EXIT 124: this runner stopped it at its time limit), ``output_limit`` (EXIT 125; STREAM names the stream
+that passed its cap), ``not_started`` (EXIT 126: the confinement failed, the script never ran; the reason
+is on stderr before the record) or ``left_running`` (EXIT 127: a process of the code's uid outlived the
+final sweep). The host believes a record only when it is the last bytes of stderr and EXIT is the exec's
+exit status; it believes ``timeout``, ``output_limit``, ``not_started`` and ``left_running`` only with
+their own EXIT. Without a record every exit status is the script's own. Why the script cannot forge one:
+
+* The exec's exit status is set by this process alone. The script runs as the same uid, so it can end this
+  runner with a signal (the status is then 128 + N, at least 129: none of the runner's own codes, and
+  without a record), but it cannot make it exit with a status of its choosing: ``ptrace`` and
+  ``process_vm_writev`` are refused by the seccomp filter, and ``/proc/<runner>/mem`` cannot be opened
+  (this runner is non-dumpable, which also closes its ``/proc`` descriptors under runc; gVisor refuses a
+  process its parent's memory either way). The script has no capabilities and no other uid to become.
+  ``tests/test_run_verdict.py`` tries each of these from inside, under both runtimes.
+* The record is written after the final sweep found no other process of the code's uid alive, so nothing
+  but this runner can write to the exec's stderr after it: the script can put lines that look like records
+  into its output (even straight into the runner's stderr, where gVisor lets it open ``/proc/<runner>/fd``),
+  but always before the real record, never after it. When a process outlives the sweep the runner exits
+  127 with ``left_running``: a record that process appends can then only say ``exited 127`` or
+  ``left_running 127``, both of them errors.
+* A script that exits 124, 125 or 126 itself gets ``exited 124`` (etc.) from the runner; a record it
+  printed and then ended the runner by a signal carries an EXIT that is not the exec's status.
+
 Standard library only: this file runs inside the executor image.
 """
 
@@ -22,7 +52,9 @@ import time
 SIGKILL, SIGTERM = 9, 15  # plain numbers: importing `signal` costs milliseconds on every run
 TIMEOUT_EXIT = 124
 OUTPUT_LIMIT_EXIT = 125
-CONFINE_FAILED_EXIT = 126
+NOT_STARTED_EXIT = 126
+LEFT_RUNNING_EXIT = 127
+RECORD_MARK = b"\0sandbox-runtime-verdict "
 
 
 def _others_exist():
@@ -61,31 +93,58 @@ def _reap_children():
 
 
 def sweep(grace_s):
-    """SIGTERM every other process of this uid, SIGKILL what is left after grace_s; bounded in time."""
+    """SIGTERM every other process of this uid, SIGKILL what is left after grace_s; bounded in time.
+
+    True when no other process of this uid is left alive."""
     if not _others_exist():
-        return
+        return True
     if grace_s > 0:
         _signal_all(SIGTERM)
         deadline = time.monotonic() + grace_s
         while time.monotonic() < deadline:
             _reap_children()
             if not _others_exist():
-                return
+                return True
             time.sleep(0.01)
     for _ in range(200):
         _signal_all(SIGKILL)
         _reap_children()
         if not _others_exist():
-            return
+            return True
         time.sleep(0.005)
+    return False
+
+
+def record(verdict, exit_status, signal_number=None, stream=None):
+    """The verdict record: the last line this runner writes to stderr (see the module's docstring)."""
+    fields = (verdict, str(exit_status), "-" if signal_number is None else str(signal_number), stream or "-")
+    return RECORD_MARK + " ".join(fields).encode() + b"\n"
+
+
+def script_status(wait_status):
+    """The exit status and ending signal (or None) of a script from its wait status."""
+    if os.WIFSIGNALED(wait_status):
+        return 128 + os.WTERMSIG(wait_status), os.WTERMSIG(wait_status)
+    return os.WEXITSTATUS(wait_status), None
+
+
+def verdict_of(outcome, detail):
+    """(exit status, record) for how ``_relay`` ended: ``detail`` is the wait status, or the capped stream."""
+    if outcome == "timeout":
+        return TIMEOUT_EXIT, record("timeout", TIMEOUT_EXIT)
+    if outcome == "output_limit":
+        return OUTPUT_LIMIT_EXIT, record("output_limit", OUTPUT_LIMIT_EXIT, stream=detail)
+    status, signal_number = script_status(detail)
+    return status, record("exited", status, signal_number)
 
 
 def _relay(child, timeout_s, out_fd, err_fd, caps):
     """Copy the child's output to ours until it exits, a cap is passed, or the time is up.
 
-    Returns ("exited", status), ("output_limit", None) or ("timeout", None). At most cap + 1 bytes of a
-    stream are passed on, so the host sees the cap was passed without reading further. The child's exit is
-    watched through a pidfd where the kernel has them, so the loop wakes the moment it ends.
+    Returns ("exited", wait status), ("output_limit", "stdout" or "stderr") or ("timeout", None). At most
+    cap + 1 bytes of a stream are passed on, so the host sees the cap was passed without reading further.
+    The child's exit is watched through a pidfd where the kernel has them, so the loop wakes the moment it
+    ends.
     """
     deadline = time.monotonic() + timeout_s
     poller = select.poll()
@@ -117,7 +176,7 @@ def _relay(child, timeout_s, out_fd, err_fd, caps):
             wait_s = 0.01 if exit_fd is None and status is None else 0.5
             for fd, _event in poller.poll(1000 * min(left, wait_s)):
                 if fd in pipes and _forward(poller, fd, pipes, sent, caps):
-                    return "output_limit", None
+                    return "output_limit", ("stdout", "stderr")[pipes[fd][1]]
     finally:
         if exit_fd is not None:
             os.close(exit_fd)
@@ -145,6 +204,37 @@ def _write_all(fd, data):
         view = view[written:]
 
 
+def _confine_self(nproc_max):
+    """Confine this runner (the script inherits it) and make it non-dumpable; the reason when that fails."""
+    try:
+        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+        import confine
+
+        confine.install(nproc_max)
+        confine.forbid_inspection()
+    except Exception as exc:
+        return str(exc) or type(exc).__name__
+    return None
+
+
+def _start(program, out_write, err_write, closing):
+    """Fork the script's process: its own session, the runner's pipes as stdout and stderr."""
+    child = os.fork()
+    if child == 0:
+        try:
+            os.setsid()
+            os.dup2(out_write, 1)
+            os.dup2(err_write, 2)
+            for fd in closing:
+                os.close(fd)
+            os.execv(program[0], program)
+        except BaseException as exc:
+            os.write(2, f"sandbox-runtime: the script could not be started: {exc}\n".encode())
+        finally:
+            os._exit(127)
+    return child
+
+
 def main(argv):
     timeout_s = float(argv[1])
     grace_s = float(argv[2])
@@ -152,40 +242,22 @@ def main(argv):
     nproc_max = int(argv[5])
     program = argv[6:]
     sweep(0.0)
+    failure = _confine_self(nproc_max)
+    if failure is not None:
+        message = f"sandbox-runtime: the sandbox could not confine the script, so it did not run: {failure}\n"
+        _write_all(2, message.encode() + record("not_started", NOT_STARTED_EXIT))
+        os._exit(NOT_STARTED_EXIT)
     out_read, out_write = os.pipe()
     err_read, err_write = os.pipe()
-    child = os.fork()
-    if child == 0:
-        try:
-            os.setsid()
-            os.dup2(out_write, 1)
-            os.dup2(err_write, 2)
-            for fd in (out_read, out_write, err_read, err_write):
-                os.close(fd)
-            try:
-                sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-                import confine  # only the child pays for ctypes
-
-                confine.install(nproc_max)
-            except Exception as exc:
-                os.write(2, f"sandbox-runtime: the sandbox could not confine the script: {exc}\n".encode())
-                os._exit(CONFINE_FAILED_EXIT)
-            os.execv(program[0], program)
-        finally:
-            os._exit(127)
+    child = _start(program, out_write, err_write, (out_read, out_write, err_read, err_write))
     os.close(out_write)
     os.close(err_write)
-    outcome, status = _relay(child, timeout_s, out_read, err_read, caps)
-    if outcome == "timeout":
-        sweep(grace_s)
-        os._exit(TIMEOUT_EXIT)
-    if outcome == "output_limit":
-        sweep(0.0)
-        os._exit(OUTPUT_LIMIT_EXIT)
-    sweep(0.2)
-    if os.WIFSIGNALED(status):
-        os._exit(128 + os.WTERMSIG(status))
-    os._exit(os.WEXITSTATUS(status))
+    outcome, detail = _relay(child, timeout_s, out_read, err_read, caps)
+    exit_status, verdict = verdict_of(outcome, detail)
+    if not sweep(grace_s if outcome == "timeout" else 0.0 if outcome == "output_limit" else 0.2):
+        exit_status, verdict = LEFT_RUNNING_EXIT, record("left_running", LEFT_RUNNING_EXIT)
+    _write_all(2, verdict)
+    os._exit(exit_status)
 
 
 if __name__ == "__main__":

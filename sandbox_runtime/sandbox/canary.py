@@ -1,0 +1,85 @@
+"""The self-check gate of a :class:`~sandbox_runtime.sandbox.manager.SandboxManager`: before the first sandbox of
+a process starts, a canary container runs the self-check (:mod:`~sandbox_runtime.sandbox.selfcheck`) in folders
+apart from every conversation's; the report is kept, and when it failed no sandbox ever starts.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+
+from sandbox_runtime.errors import ImageError, SelfCheckFailed
+from sandbox_runtime.policy import Policy
+from sandbox_runtime.sandbox.backend import ContainerSpec, SandboxBackend
+from sandbox_runtime.sandbox.profile import LABEL_CONVERSATION, LABEL_CREATED_AT
+from sandbox_runtime.sandbox.selfcheck import SelfCheckReport, run_self_check
+from sandbox_runtime.store.folders import ConversationFolders, ConversationStore
+
+__all__ = ["CANARY_CONVERSATION", "CANARY_MAX_AGE_S", "SelfCheckGate"]
+
+CANARY_CONVERSATION = "_canary"  # a label value no conversation id can take (ids start with a letter or digit)
+CANARY_MAX_AGE_S = 300  # a canary lives for seconds; an older one was left by a killed process
+_CANARY_QUOTA_BYTES = 16 * 1024 * 1024
+
+
+class SelfCheckGate:
+    """Runs the canary check once per process (again when forced) and keeps its report."""
+
+    def __init__(
+        self,
+        *,
+        backend: SandboxBackend,
+        policy: Policy,
+        store: ConversationStore,
+        image: str,
+        base_labels: dict[str, str],
+        spec_for: Callable[[ConversationFolders, dict[str, str]], ContainerSpec],
+        lock: Callable[[str], threading.RLock],
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self._backend = backend
+        self._policy = policy
+        self._store = store
+        self._image = image
+        self._base_labels = base_labels
+        self._spec_for = spec_for
+        self._lock = lock
+        self._clock = clock
+        self._guard = threading.Lock()
+        self._report: SelfCheckReport | None = None
+
+    def check(self, *, force: bool = False) -> SelfCheckReport:
+        """The kept report, or a new one (the first time, or with ``force``)."""
+        with self._guard:
+            cached = self._report
+        if cached is not None and not force:
+            return cached
+        if not self._backend.image_exists(self._image):
+            raise ImageError(f"the executor image {self._image} is not built: run `sandbox-runtime image build`")
+        with self._lock(CANARY_CONVERSATION):
+            folders = self._store.canary_folders(quota_bytes=_CANARY_QUOTA_BYTES)
+            self._store.prepare(folders)
+            try:
+                report = run_self_check(
+                    self._backend,
+                    self._policy,
+                    lambda labels: self._spec_for(folders, labels),
+                    quota_mode=folders.quota_mode,
+                    labels={
+                        **self._base_labels,
+                        LABEL_CONVERSATION: CANARY_CONVERSATION,
+                        LABEL_CREATED_AT: str(int(self._clock())),
+                    },
+                )
+            finally:
+                self._store.delete(folders)
+        with self._guard:
+            self._report = report
+        return report
+
+    def require(self) -> None:
+        """Raise :class:`SelfCheckFailed` (saying what is missing) unless the check passed."""
+        report = self.check()
+        if not report.ok:
+            raise SelfCheckFailed(report.summary())

@@ -1,0 +1,65 @@
+"""What runs in a conversation's sandbox, seen from inside it by a command the code cannot reach.
+
+The listing runs as ``nobody`` (65534), not as the code's uid: a cancel ends every process of the code's uid
+with ``kill(-1)`` until none is left, and a listing under that uid could be ended by the very sweep it watches.
+"""
+
+from __future__ import annotations
+
+import json
+import textwrap
+from typing import Any
+
+from sandbox_runtime.runtime import Runtime
+from sandbox_runtime.sandbox.backend import ExecRequest
+from sandbox_runtime.sandbox.profile import LABEL_CONVERSATION, PYTHON
+
+__all__ = ["code_processes", "sandbox_container"]
+
+_LISTER_USER = "65534:65534"
+
+# Lists the live processes of the uid given as argv[1], as JSON.
+_LIST_CODE_PROCESSES = textwrap.dedent(
+    """
+    import json, os, sys
+    uid, found = int(sys.argv[1]), []
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open("/proc/" + name + "/status") as handle:
+                fields = dict(line.split(":", 1) for line in handle if ":" in line)
+            with open("/proc/" + name + "/cmdline", "rb") as handle:
+                cmdline = handle.read().replace(b"\\0", b" ").decode("utf-8", "replace").strip()
+        except OSError:
+            continue
+        if int(fields["Uid"].split()[0]) == uid and fields["State"].split()[0] not in ("Z", "X"):
+            found.append({"pid": int(name), "cmdline": cmdline})
+    print(json.dumps(found))
+    """
+)
+
+
+def sandbox_container(runtime: Runtime, conversation_id: str) -> str:
+    """The id of the conversation's one container."""
+    labels = {**runtime.manager.base_labels, LABEL_CONVERSATION: conversation_id}
+    (container,) = runtime.manager.backend.list_containers(labels)
+    return container.id
+
+
+def code_processes(runtime: Runtime, conversation_id: str) -> list[dict[str, Any]]:
+    """The live processes of the code's uid in the conversation's sandbox (pid and command line each)."""
+    listing = runtime.manager.backend.exec(
+        sandbox_container(runtime, conversation_id),
+        ExecRequest(
+            command=(PYTHON, "-I", "-S", "-c", _LIST_CODE_PROCESSES, str(runtime.policy.sandbox.uid)),
+            user=_LISTER_USER,
+            stdout_max_bytes=1024 * 1024,
+            stderr_max_bytes=64 * 1024,
+            deadline_s=30,
+        ),
+    )
+    assert listing.exit_code == 0, (listing.exit_code, listing.stderr[-2000:])
+    found = json.loads(listing.stdout)
+    assert isinstance(found, list)
+    return found
