@@ -27,7 +27,6 @@ __all__ = [
     "coerce",
     "date_like",
     "finish_column",
-    "nesting_exceeds",
     "text_cell",
     "type_from_kinds",
     "value_type",
@@ -276,18 +275,3 @@ def finish_column(values: list[Any], kind: ColumnType) -> list[Cell]:
     if kind in ("date", "datetime"):
         return [coerce(value, kind) for value in values]
     return values
-
-
-def nesting_exceeds(value: object, max_depth: int) -> bool:
-    """Whether ``value`` nests lists and dicts deeper than ``max_depth`` levels (a scalar is level 0, a flat list
-    level 1). Looked at without recursion, so any depth is answered."""
-    pending: list[tuple[object, int]] = [(value, 1)]
-    while pending:
-        item, depth = pending.pop()
-        children = item.values() if isinstance(item, dict) else item if isinstance(item, list | tuple) else None
-        if children is None:
-            continue
-        if depth > max_depth:
-            return True
-        pending.extend((child, depth + 1) for child in children if isinstance(child, list | tuple | dict))
-    return False

@@ -25,7 +25,8 @@ from typing import Any
 
 from sandbox_runtime.errors import BadTableFile, FileTooLarge
 from sandbox_runtime.policy import ToolsPolicy
-from sandbox_runtime.spill.cells import Cell, ColumnType, cell, nesting_exceeds
+from sandbox_runtime.spill.cells import Cell, ColumnType, cell
+from sandbox_runtime.spill.jsonio import nesting_depth
 
 __all__ = ["LineReader", "TableLimits", "TableSource", "check_cells"]
 
@@ -101,7 +102,7 @@ def check_cells(row: list[Any], limits: TableLimits, shown: str, where: str) -> 
     for index, value in enumerate(row):
         text = value
         if isinstance(value, list | dict):
-            if nesting_exceeds(value, limits.nesting_max - 1):  # the row itself is the first level
+            if nesting_depth(value) >= limits.nesting_max:  # the row itself is the first level
                 raise limits.too_deep(shown, where)
             row[index] = text = cell(value)
         if isinstance(text, str) and len(text) > limits.cell_max_chars:
