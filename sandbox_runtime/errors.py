@@ -27,7 +27,11 @@ raises, runs out of time or memory) are *results* with ``is_error`` set, never e
     ├── ToolNameTaken (ValueError)             register_tool: a built-in or registered tool already has the name
     ├── ConversationDeleted                    the conversation was deleted; open it again from the runtime
     ├── StateVersionUnknown                    the state database was written by a newer version: not opened
+    ├── StateUnavailable                       the state database cannot be opened (a path too long for SQLite,
+    │                                          no permission, a read-only disk); says why
     ├── EngineUnavailable (ConnectionError)    the Docker engine cannot be reached
+    │   └── EngineLost                         it went away while a command ran (a daemon restart): how the command
+    │                                          ended is unknown; the next call, once it is back, gets a fresh sandbox
     ├── SelfCheckFailed                        the hardening profile is not in force: no sandbox starts
     ├── ImageError                             the executor image is missing or could not be built
     ├── SandboxError                           a container could not be created, started or used
@@ -45,6 +49,7 @@ from __future__ import annotations
 __all__ = [
     "BadTableFile",
     "ConversationDeleted",
+    "EngineLost",
     "EngineUnavailable",
     "FileTooLarge",
     "ImageError",
@@ -63,6 +68,7 @@ __all__ = [
     "SandboxGone",
     "SandboxRuntimeError",
     "SelfCheckFailed",
+    "StateUnavailable",
     "StateVersionUnknown",
     "ToolFailure",
     "ToolNameTaken",
@@ -96,6 +102,11 @@ class ToolNameTaken(SandboxRuntimeError, ValueError):
 class StateVersionUnknown(SandboxRuntimeError):
     """The state database has a schema version newer than this sandbox-runtime knows (a newer version wrote
     it); nothing in it was changed."""
+
+
+class StateUnavailable(SandboxRuntimeError):
+    """The state database cannot be opened: its path is longer than SQLite opens, the folder is not writable,
+    or SQLite refused it otherwise; the message says which and how to choose another state directory."""
 
 
 class ConversationDeleted(SandboxRuntimeError):
@@ -153,6 +164,12 @@ class PathExpired(PathNotFound):
 
 class EngineUnavailable(SandboxRuntimeError, ConnectionError):
     """The Docker engine cannot be reached (not installed, not running, or no permission)."""
+
+
+class EngineLost(EngineUnavailable):
+    """The engine went away while a command ran in a sandbox (the daemon stopped or restarted): how the command
+    ended is unknown, and files it wrote stay. The sandbox is not used again: once the engine answers, the
+    conversation's next call starts a fresh one (and the old container is removed)."""
 
 
 class SelfCheckFailed(SandboxRuntimeError):

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import os
 import sqlite3
 import threading
 import time
@@ -21,7 +22,7 @@ import weakref
 from collections.abc import Iterator
 from pathlib import Path
 
-from sandbox_runtime.errors import ConversationDeleted
+from sandbox_runtime.errors import ConversationDeleted, StateUnavailable
 from sandbox_runtime.leases import Leases
 from sandbox_runtime.records import (
     Attachment,
@@ -33,7 +34,10 @@ from sandbox_runtime.records import (
 )
 from sandbox_runtime.state_schema import SCHEMA_VERSION, migrate
 
-__all__ = ["SCHEMA_VERSION", "StateDB"]
+__all__ = ["SCHEMA_VERSION", "STATE_PATH_MAX_BYTES", "StateDB"]
+
+# SQLite's unix VFS opens paths of at most 512 bytes; the rollback journal adds "-journal" to the name
+STATE_PATH_MAX_BYTES = 512 - len("-journal")
 
 
 def _text_blob(text: str) -> bytes:
@@ -65,12 +69,24 @@ def _close_tracked(tracked: dict[int, sqlite3.Connection], guard: threading.Lock
         db.close()
 
 
+def _check_path_length(path: Path) -> None:
+    """SQLite opens files by paths of at most 512 bytes (its unix VFS), and its journal's name is 8 bytes longer."""
+    full = len(os.fsencode(path.resolve()))
+    if full > STATE_PATH_MAX_BYTES:
+        raise StateUnavailable(
+            f"the state database's path is {full:,} bytes long, and SQLite opens paths of at most "
+            f"{STATE_PATH_MAX_BYTES} bytes (with its journal's suffix): choose a state directory with a shorter path "
+            f"(--state-dir or SANDBOX_RUNTIME_STATE_DIR): {str(path)[:120]}..."
+        )
+
+
 class StateDB:
     """A small typed wrapper around ``STATE_DIR/state.sqlite3``; see the module's text for its connections and
     its schema version. Opening a database of a newer schema version raises :class:`SandboxRuntimeError`."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
+        _check_path_length(path)
         self._local = threading.local()
         self._tracked: dict[int, sqlite3.Connection] = {}  # every open connection, by slot number
         self._tracked_guard = threading.Lock()
@@ -90,12 +106,18 @@ class StateDB:
             return slot.db
         # not tied to its thread, so that close() (or a finalizer) can close it from another one; only its own
         # thread ever runs statements on it
-        db = sqlite3.connect(self.path, timeout=30, isolation_level=None, check_same_thread=False)
+        try:
+            db = sqlite3.connect(self.path, timeout=30, isolation_level=None, check_same_thread=False)
+        except sqlite3.OperationalError as exc:
+            raise StateUnavailable(f"cannot open the state database {self.path}: {exc}") from exc
         try:
             db.row_factory = sqlite3.Row
             db.execute("PRAGMA journal_mode=WAL")
             db.execute("PRAGMA synchronous=FULL")
             db.execute("PRAGMA foreign_keys=ON")
+        except sqlite3.OperationalError as exc:
+            db.close()
+            raise StateUnavailable(f"cannot use the state database {self.path}: {exc}") from exc
         except BaseException:
             db.close()
             raise
@@ -156,7 +178,7 @@ class StateDB:
     def forget_conversation(self, conversation_id: str) -> None:
         with self._transaction() as db:
             for table in ("sandboxes", "tool_results", "calls", "attachments", "expired_files", "holds"):
-                db.execute(f"DELETE FROM {table} WHERE conversation_id = ?", (conversation_id,))  # noqa: S608
+                db.execute(f"DELETE FROM {table} WHERE conversation_id = ?", (conversation_id,))  # noqa: S608  (table names from our own list)
             db.execute("DELETE FROM conversations WHERE id = ?", (conversation_id,))
 
     def next_run_number(self, conversation_id: str) -> int:
@@ -272,7 +294,7 @@ class StateDB:
                 chunk = call_ids[start : start + 500]
                 marks = ",".join("?" * len(chunk))
                 rows += db.execute(
-                    f"SELECT * FROM tool_results WHERE conversation_id = ? AND call_id IN ({marks}) "  # noqa: S608
+                    f"SELECT * FROM tool_results WHERE conversation_id = ? AND call_id IN ({marks}) "  # noqa: S608  (only ? marks)
                     "ORDER BY decided_at, rowid",
                     (conversation_id, *chunk),
                 ).fetchall()

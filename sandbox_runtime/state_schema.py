@@ -103,6 +103,7 @@ def migrate(db: sqlite3.Connection, path: Path) -> None:
     db.execute("BEGIN IMMEDIATE")
     try:
         found = int(db.execute("PRAGMA user_version").fetchone()[0])
+        new = db.execute("SELECT count(*) FROM sqlite_master").fetchone()[0] == 0
         if found > SCHEMA_VERSION:
             raise StateVersionUnknown(
                 f"the state database {path} has schema version {found}, newer than this sandbox-runtime knows "
@@ -118,5 +119,7 @@ def migrate(db: sqlite3.Connection, path: Path) -> None:
         db.execute("ROLLBACK")
         raise
     db.execute("COMMIT")
-    if found != SCHEMA_VERSION:
+    if new:
+        logger.info("made the state database %s (schema version %d)", path, SCHEMA_VERSION)
+    elif found != SCHEMA_VERSION:
         logger.info("migrated the state database %s from schema version %d to %d", path, found, SCHEMA_VERSION)

@@ -36,24 +36,7 @@ engine_answers() { timeout 10 docker info >/dev/null 2>&1; }
 
 start_engine() {
   apt_install docker.io runsc
-  # our own engine gets its own config file, so /etc/docker/daemon.json (if any) is never touched:
-  # gVisor registered with no network and with Docker's seccomp profile enforced inside the sandbox too
-  as_root mkdir -p /etc/sandbox-runtime
-  printf '%s\n' '{"runtimes": {"runsc": {"path": "/usr/bin/runsc", "runtimeArgs": ["--network=none", "--oci-seccomp"]}}}' \
-    | as_root tee /etc/sandbox-runtime/dockerd.json >/dev/null
-  if ! pgrep -x dockerd >/dev/null && [ -f /var/run/docker.pid ]; then
-    log "removing a stale /var/run/docker.pid"
-    as_root rm -f /var/run/docker.pid
-  fi
-  if ! pgrep -x dockerd >/dev/null; then
-    log "starting dockerd (no default bridge, no iptables)"
-    as_root mkdir -p /var/log
-    as_root setsid nohup dockerd --config-file /etc/sandbox-runtime/dockerd.json --bridge=none --iptables=false \
-      >/var/log/sandbox-runtime-dockerd.log 2>&1 </dev/null &
-  fi
-  for _ in $(seq 1 60); do engine_answers && return 0; sleep 1; done
-  log "the Docker engine did not answer within 60 s; see /var/log/sandbox-runtime-dockerd.log"
-  exit 1
+  bash scripts/start-engine.sh
 }
 
 if engine_answers; then

@@ -2,6 +2,11 @@
 
 Exec output is read from the raw attach socket with ``select`` so that a byte cap and a deadline hold even
 when the code prints forever or never exits; Docker's log driver is never used (it is unbounded on disk).
+
+How a command ended is read from the engine, never from what the command printed: when it ends the way the OCI
+runtime ends things (no exit code, or one of 126 and above) the engine is asked whether the sandbox still
+takes commands (gVisor can end its sandbox while Docker still calls it running). An engine that goes away
+while a command runs (a daemon restart) raises :class:`~sandbox_runtime.errors.EngineLost`.
 """
 
 from __future__ import annotations
@@ -9,12 +14,9 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import socket
-import subprocess
 import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import Any
 
 import docker
 import docker.errors
@@ -23,7 +25,7 @@ from docker.types import LogConfig, Ulimit
 from docker.utils import kwargs_from_env
 
 from sandbox_runtime.control import CallControl
-from sandbox_runtime.errors import EngineUnavailable, ImageError, SandboxError, SandboxGone
+from sandbox_runtime.errors import EngineLost, EngineUnavailable, ImageError, SandboxError, SandboxGone
 from sandbox_runtime.sandbox.backend import (
     ContainerInfo,
     ContainerSpec,
@@ -33,7 +35,14 @@ from sandbox_runtime.sandbox.backend import (
     ProgressCallback,
     SandboxBackend,
 )
-from sandbox_runtime.sandbox.exec_stream import Caller, Watch, read_cgroup_file, read_frames
+from sandbox_runtime.sandbox.docker_records import (
+    container_info,
+    engine_info,
+    knock,
+    not_started,
+    pid_in_container,
+)
+from sandbox_runtime.sandbox.exec_stream import Caller, Frames, Watch, oom_kills, read_cgroup_file, read_frames
 from sandbox_runtime.sandbox.profile import end_all_command
 
 __all__ = ["DockerBackend"]
@@ -42,68 +51,39 @@ logger = logging.getLogger(__name__)
 
 _STDOUT, _STDERR = 1, 2
 _EXIT_CODE_WAIT_S = 5.0
-_RUNTIME_FAILURE_EXIT = 126  # 126-128: the OCI runtime, not the code, ended the exec
-_GVISOR_SANDBOX_LOST = b'urpc method "containerManager.WaitPID" failed: EOF'
+_RUNTIME_FAILURE_EXIT = 126  # 126 and above: the OCI runtime may have ended the exec (or the code chose it)
+_PROBE_DEADLINE_S = 10.0  # a command that ended abruptly: how long the sandbox may take to run `true`
 _DEFAULT_SOCKET = "/var/run/docker.sock"
 _END_ALL_DEADLINE_S = 1.5  # the cancel's own exec: its program gives up after 1 s of retries
 
 
 @contextlib.contextmanager
-def _mapped(action: str, error: type[Exception] = SandboxError) -> Iterator[None]:
-    """Turn docker and transport errors into our tree, most specific first."""
+def _mapped(action: str, error: type[Exception] = SandboxError, *, during_command: bool = False) -> Iterator[None]:
+    """Turn docker and transport errors into our tree, most specific first. ``during_command``: the engine is
+    asked about a command that was running, so an engine that cannot be reached went away under it."""
     try:
         yield
+    except EngineUnavailable:
+        raise
     except docker.errors.ImageNotFound as exc:
         raise ImageError(f"{action}: image not found: {exc.explanation or exc}") from exc
     except docker.errors.APIError as exc:
         raise error(f"{action}: the Docker engine refused: {exc.explanation or exc}") from exc
-    except (requests.exceptions.ConnectionError, ConnectionError) as exc:
+    except (requests.exceptions.ConnectionError, ConnectionError, requests.exceptions.ReadTimeout) as exc:
+        if during_command:
+            raise EngineLost(
+                f"{action}: the Docker engine went away while the command ran ({exc}): how it ended is unknown "
+                "(a daemon restart ends every sandbox); files it wrote stay, and once the engine is back the "
+                "conversation's next call starts a fresh sandbox"
+            ) from exc
+        if isinstance(exc, requests.exceptions.ReadTimeout):
+            raise EngineUnavailable(f"{action}: the Docker engine did not answer in time ({exc})") from exc
         raise EngineUnavailable(f"{action}: cannot reach the Docker engine ({exc}); is dockerd running?") from exc
-    except requests.exceptions.ReadTimeout as exc:
-        raise EngineUnavailable(f"{action}: the Docker engine did not answer in time ({exc})") from exc
     except docker.errors.DockerException as exc:
         raise EngineUnavailable(
             f"{action}: cannot reach the Docker engine ({exc}). Start it (see README: scripts/setup.sh) or set "
             "DOCKER_HOST to a running engine."
         ) from exc
-
-
-def _knock(base_url: str, timeout_s: float) -> None:
-    """Connect to a local engine's socket once, and close it: docker-py leaks the socket of a connection that
-    fails (an unraisable ResourceWarning at garbage collection), so an engine that is not there is found here."""
-    scheme, _, path = base_url.partition("://")
-    if scheme not in ("unix", "http+unix"):
-        return
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
-        sock.settimeout(timeout_s)
-        try:
-            sock.connect(path)
-        except OSError as exc:
-            raise ConnectionError(f"{path}: {exc.strerror or exc}") from exc
-
-
-def _container_info(attrs: Mapping[str, Any], warnings: tuple[str, ...] = ()) -> ContainerInfo:
-    state = attrs.get("State") or {}
-    config = attrs.get("Config") or {}
-    if isinstance(state, str):  # the list endpoint gives a plain state string
-        running = state == "running"
-        status, exit_code, oom_killed = state, None, False
-        labels = attrs.get("Labels") or {}
-    else:
-        running = bool(state.get("Running"))
-        status = str(state.get("Status", "unknown"))
-        exit_code = state.get("ExitCode")
-        oom_killed = bool(state.get("OOMKilled"))
-        labels = config.get("Labels") or {}
-    return ContainerInfo(
-        id=str(attrs["Id"]),
-        labels=dict(labels),
-        running=running,
-        status=status,
-        exit_code=exit_code,
-        oom_killed=oom_killed,
-        warnings=warnings,
-    )
 
 
 class DockerBackend(SandboxBackend):
@@ -112,38 +92,35 @@ class DockerBackend(SandboxBackend):
     def __init__(self, environment: Mapping[str, str] | None = None, timeout_s: float = 60.0) -> None:
         env = dict(os.environ if environment is None else environment)
         options = kwargs_from_env(environment=env)
+        self._base_url = str(options.get("base_url") or f"unix://{_DEFAULT_SOCKET}")
+        self._knock_timeout_s = timeout_s
         with _mapped("connect", EngineUnavailable):
-            _knock(str(options.get("base_url") or f"unix://{_DEFAULT_SOCKET}"), timeout_s)
+            knock(self._base_url, timeout_s)
             self._client = docker.DockerClient(**options, timeout=int(timeout_s))
         self._api = self._client.api
         self._host_pids_visible = False
         self._first_pids: dict[str, int] = {}  # container id -> host pid of its first process
 
+    @contextlib.contextmanager
+    def _engine(
+        self, action: str, error: type[Exception] = SandboxError, *, during_command: bool = False
+    ) -> Iterator[None]:
+        """A use of the engine, errors mapped (:func:`_mapped`); a local engine's socket is knocked on first, so
+        an engine that went away is found without docker-py (which leaks the socket of a connection that fails)."""
+        with _mapped(action, error, during_command=during_command):
+            knock(self._base_url, self._knock_timeout_s)
+            yield
+
     # engine -------------------------------------------------------------------------------------------
     def engine_info(self) -> EngineInfo:
-        with _mapped("read engine info", EngineUnavailable):
+        with self._engine("read engine info", EngineUnavailable):
             info = self._api.info()
             version = self._api.version()
-        runc = (info.get("RuncCommit") or {}).get("ID") or None
-        security = tuple(str(item) for item in info.get("SecurityOptions") or ())
-        return EngineInfo(
-            engine_version=str(version.get("Version", "?")),
-            api_version=str(version.get("ApiVersion", "?")),
-            kernel_version=str(info.get("KernelVersion", "?")),
-            operating_system=str(info.get("OperatingSystem", "?")),
-            cgroup_version=str(info.get("CgroupVersion", "1")),
-            cgroup_driver=str(info.get("CgroupDriver", "?")),
-            runtimes=tuple(sorted((info.get("Runtimes") or {}).keys())),
-            default_runtime=str(info.get("DefaultRuntime", "runc")),
-            runc_version=runc,
-            runsc_version=_runtime_version((info.get("Runtimes") or {}).get("runsc") or {}),
-            security_options=security,
-            warnings=tuple(str(item) for item in info.get("Warnings") or ()),
-        )
+        return engine_info(info, version)
 
     # images -------------------------------------------------------------------------------------------
     def image_exists(self, reference: str) -> bool:
-        with _mapped("inspect image", ImageError):
+        with self._engine("inspect image", ImageError):
             try:
                 self._api.inspect_image(reference)  # type: ignore[no-untyped-call]
             except docker.errors.ImageNotFound:
@@ -158,7 +135,7 @@ class DockerBackend(SandboxBackend):
         labels: dict[str, str],
         progress: ProgressCallback,
     ) -> None:
-        with _mapped(f"build image {tag}", ImageError):
+        with self._engine(f"build image {tag}", ImageError):
             stream = self._api.build(
                 path=context_dir,
                 tag=tag,
@@ -181,12 +158,12 @@ class DockerBackend(SandboxBackend):
     def import_rootfs(self, tar_path: str, reference: str, progress: ProgressCallback) -> None:
         repository, _, tag = reference.rpartition(":")
         progress(f"importing {Path(tar_path).stat().st_size:,} bytes as {reference}")
-        with _mapped(f"import {reference}", ImageError):
+        with self._engine(f"import {reference}", ImageError):
             self._api.import_image_from_file(tar_path, repository=repository, tag=tag)
 
     def pull_image(self, reference: str, progress: ProgressCallback) -> None:
         repository, _, tag = reference.rpartition(":")
-        with _mapped(f"pull {reference}", ImageError):
+        with self._engine(f"pull {reference}", ImageError):
             for chunk in self._api.pull(repository, tag=tag, stream=True, decode=True):
                 if "error" in chunk:
                     raise ImageError(f"pull {reference} failed: {chunk['error']}")
@@ -214,7 +191,7 @@ class DockerBackend(SandboxBackend):
             log_config=LogConfig(type="none"),
             ipc_mode="private",
         )
-        with _mapped("create sandbox container"):
+        with self._engine("create sandbox container"):
             created = self._api.create_container(
                 image=spec.image,
                 command=list(spec.command),
@@ -231,7 +208,7 @@ class DockerBackend(SandboxBackend):
         container_id = str(created["Id"])
         warnings = tuple(str(w) for w in created.get("Warnings") or ())
         try:
-            with _mapped("start sandbox container"):
+            with self._engine("start sandbox container"):
                 self._api.start(container_id)
         except SandboxError:
             self.remove(container_id)
@@ -243,20 +220,20 @@ class DockerBackend(SandboxBackend):
 
     def list_containers(self, labels: dict[str, str]) -> list[ContainerInfo]:
         filters = {"label": [f"{key}={value}" for key, value in labels.items()]}
-        with _mapped("list containers"):
+        with self._engine("list containers"):
             rows = self._api.containers(all=True, filters=filters)
-        return [_container_info(row) for row in rows]
+        return [container_info(row) for row in rows]
 
     def inspect(self, container_id: str) -> ContainerInfo | None:
-        with _mapped("inspect container"):
+        with self._engine("inspect container"):
             try:
                 attrs = self._api.inspect_container(container_id)
             except docker.errors.NotFound:
                 return None
-        return _container_info(attrs)
+        return container_info(attrs)
 
     def remove(self, container_id: str) -> None:
-        with _mapped("remove container"):
+        with self._engine("remove container"):
             try:
                 self._api.remove_container(container_id, force=True, v=True)
             except docker.errors.NotFound:
@@ -267,51 +244,25 @@ class DockerBackend(SandboxBackend):
                 raise
 
     def restart(self, container_id: str) -> None:
-        with _mapped("restart container"):
+        with self._engine("restart container"):
             self._api.restart(container_id, timeout=0)
 
     # exec ---------------------------------------------------------------------------------------------
     def exec(self, container_id: str, request: ExecRequest, control: CallControl | None = None) -> ExecResult:
         started = time.monotonic()
         if control is not None and control.is_cancelled:
-            return _not_started()  # cancelled before it began: nothing runs
-        with _mapped("start a command in the sandbox"):
-            try:
-                exec_id = self._create_exec(container_id, request)
-            except (docker.errors.NotFound, docker.errors.APIError) as exc:
-                if isinstance(exc, docker.errors.NotFound) or exc.status_code == 409:
-                    raise SandboxGone(f"sandbox {container_id[:12]} is gone: {exc.explanation or exc}") from exc
-                raise
-            raw = self._api.exec_start(exec_id, detach=False, tty=False, socket=True)
-        sock = getattr(raw, "_sock", raw)
-        watch = self._watch(container_id)
-        caller = None
-        if control is not None:
-            caller = Caller(control, started, request.deadline_s, lambda: self._end_all(container_id, request.user))
-        try:
-            frames = read_frames(
-                sock, started + request.deadline_s, (request.stdout_max_bytes, request.stderr_max_bytes), watch, caller
-            )
-        finally:
-            for handle in (raw, sock):
-                with contextlib.suppress(OSError):
-                    handle.close()
-        exit_code = self._exit_code(exec_id) if frames.stop == "eof" else None
+            return not_started()  # cancelled before it began: nothing runs
+        frames, exit_code, watch = self._run(container_id, request, control, started)
         said = bytes(frames.stdout + frames.stderr)
-        # the OCI runtime, not the code, ended the exec: a runtime exit code, or the stream ended and the exec
-        # vanished with no exit code (gVisor removed its sandbox, and the exec with it)
-        ended_by_runtime = frames.stop == "eof" and (exit_code is None or exit_code >= _RUNTIME_FAILURE_EXIT)
-        died = (
-            frames.stop == "died"
-            or (
-                ended_by_runtime
-                # runsc's own word that its sandbox went away, which can come before its process has gone
-                and (not watch.alive() or _GVISOR_SANDBOX_LOST in frames.stderr[-1024:])
-            )
-        )
-        if died and exit_code == _RUNTIME_FAILURE_EXIT and said.startswith(b"OCI runtime exec failed"):
+        if exit_code == _RUNTIME_FAILURE_EXIT and said.startswith(b"OCI runtime exec failed"):
             # the exec never started: the sandbox had ended since its last use (gVisor keeps it "running")
             raise SandboxGone(f"sandbox {container_id[:12]} has stopped: {said[:300].decode(errors='replace')}")
+        # the command ended the way the OCI runtime ends things (the container's first process went, no exit code,
+        # or a runtime's code): the engine, not the command's output, says whether the sandbox still works
+        abrupt = frames.stop == "died" or (
+            frames.stop == "eof" and (exit_code is None or exit_code >= _RUNTIME_FAILURE_EXIT)
+        )
+        died = abrupt and not self._still_serves(container_id, request.user, watch)
         return ExecResult(
             exit_code=exit_code,
             stdout=bytes(frames.stdout),
@@ -326,6 +277,55 @@ class DockerBackend(SandboxBackend):
             cancelled=frames.cancelled,
             duration_s=time.monotonic() - started,
         )
+
+    def _run(
+        self, container_id: str, request: ExecRequest, control: CallControl | None, started: float
+    ) -> tuple[Frames, int | None, Watch]:
+        """Run one command: what its stream said, its exit code (None: unknown), and the watch kept meanwhile."""
+        with self._engine("start a command in the sandbox"):
+            try:
+                exec_id = self._create_exec(container_id, request)
+            except (docker.errors.NotFound, docker.errors.APIError) as exc:
+                if isinstance(exc, docker.errors.NotFound) or exc.status_code == 409:
+                    raise SandboxGone(f"sandbox {container_id[:12]} is gone: {exc.explanation or exc}") from exc
+                raise
+            raw = self._api.exec_start(exec_id, detach=False, tty=False, socket=True)
+        sock = getattr(raw, "_sock", raw)
+        watch = self._watch(container_id)
+        caller = None
+        if control is not None:
+            caller = Caller(control, started, request.deadline_s, lambda: self._end_all(container_id, request.user))
+        caps = (request.stdout_max_bytes, request.stderr_max_bytes)
+        try:
+            with _mapped("read a command's output", during_command=True):
+                frames = read_frames(sock, started + request.deadline_s, caps, watch, caller)
+        finally:
+            for handle in (raw, sock):
+                with contextlib.suppress(OSError):
+                    handle.close()
+        return frames, (self._exit_code(exec_id) if frames.stop == "eof" else None), watch
+
+    def _still_serves(self, container_id: str, user: str, watch: Watch) -> bool:
+        """Whether the sandbox still takes commands after one ended abruptly: the engine calls it running, its
+        first process is the same, and it runs ``true``. An engine that cannot be reached went away under the
+        command: :class:`EngineLost`."""
+        with self._engine("inspect the sandbox after a command ended abruptly", during_command=True):
+            try:
+                state = self._api.inspect_container(container_id).get("State") or {}
+            except docker.errors.NotFound:
+                return False
+        if not state.get("Running") or not watch.alive():
+            return False
+        probe = ExecRequest(
+            command=("true",), user=user, stdout_max_bytes=4096, stderr_max_bytes=4096, deadline_s=_PROBE_DEADLINE_S
+        )
+        try:
+            frames, exit_code, _ = self._run(container_id, probe, None, time.monotonic())
+        except SandboxGone:
+            return False
+        except EngineUnavailable as exc:
+            raise EngineLost(f"the Docker engine went away while a command ran: {exc}") from exc
+        return frames.stop == "eof" and exit_code == 0
 
     def _end_all(self, container_id: str, user: str) -> None:
         """End every process of ``user``'s uid in the container: a second exec, as that uid, sends SIGKILL to
@@ -355,11 +355,11 @@ class DockerBackend(SandboxBackend):
 
     def _watch(self, container_id: str) -> Watch:
         pid = self._first_pids.get(container_id, 0)
-        if not _pid_in_container(pid, container_id):  # unknown, or the container was restarted since
-            with _mapped("inspect container"):
+        if not pid_in_container(pid, container_id):  # unknown, or the container was restarted since
+            with self._engine("inspect container"):
                 pid = int((self._api.inspect_container(container_id).get("State") or {}).get("Pid") or 0)
             self._first_pids[container_id] = pid
-            self._host_pids_visible = self._host_pids_visible or _pid_in_container(pid, container_id)
+            self._host_pids_visible = self._host_pids_visible or pid_in_container(pid, container_id)
         return Watch(
             pid,
             self._host_pids_visible,
@@ -387,7 +387,7 @@ class DockerBackend(SandboxBackend):
         deadline = time.monotonic() + _EXIT_CODE_WAIT_S
         pause = 0.001
         while True:
-            with _mapped("read a command's exit code"):
+            with self._engine("read a command's exit code", during_command=True):
                 try:
                     state = self._api.exec_inspect(exec_id)
                 except docker.errors.NotFound:
@@ -402,15 +402,10 @@ class DockerBackend(SandboxBackend):
 
     # cgroup counters ---------------------------------------------------------------------------------------
     def oom_kill_count(self, container_id: str) -> int | None:
-        text = read_cgroup_file(container_id, "memory", "memory.oom_control", "memory.events")
-        for line in (text or "").splitlines():
-            key, _, value = line.partition(" ")
-            if key == "oom_kill":
-                return int(value)
-        return None
+        return oom_kills(container_id)
 
     def host_facts(self, container_id: str) -> dict[str, str | None]:
-        with _mapped("inspect container"):
+        with self._engine("inspect container"):
             host_config = self._api.inspect_container(container_id).get("HostConfig") or {}
         return {
             "runtime": host_config.get("Runtime"),
@@ -424,35 +419,3 @@ class DockerBackend(SandboxBackend):
 
     def close(self) -> None:
         self._client.close()
-
-
-def _not_started() -> ExecResult:
-    return ExecResult(
-        exit_code=None,
-        stdout=b"",
-        stderr=b"",
-        stdout_bytes_total=0,
-        stderr_bytes_total=0,
-        cancelled=True,
-        duration_s=0.0,
-    )
-
-
-def _pid_in_container(pid: int, container_id: str) -> bool:
-    """Whether host pid ``pid`` is a live process of this container (its cgroup names the container)."""
-    try:
-        return pid > 0 and container_id in Path(f"/proc/{pid}/cgroup").read_text()
-    except OSError:
-        return False
-
-
-def _runtime_version(runtime: Mapping[str, Any]) -> str | None:
-    """``runsc --version``'s first line, when the runtime's binary is on this host."""
-    path = runtime.get("path")
-    if not path or not Path(path).is_file():
-        return None
-    try:
-        done = subprocess.run([path, "--version"], capture_output=True, text=True, timeout=10, check=False)
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    return done.stdout.splitlines()[0] if done.returncode == 0 and done.stdout else None

@@ -19,7 +19,7 @@ from typing import Any, Literal, NamedTuple
 
 from sandbox_runtime.control import CallControl
 
-__all__ = ["Caller", "Frames", "Watch", "read_cgroup_file", "read_frames"]
+__all__ = ["Caller", "Frames", "Watch", "oom_kills", "read_cgroup_file", "read_frames"]
 
 _HEADER = struct.Struct(">BxxxL")
 _STDOUT, _STDERR = 1, 2
@@ -44,6 +44,16 @@ def read_cgroup_file(container_id: str, controller: str, v1_name: str, v2_name: 
             return path.read_text().strip()
         except OSError:
             continue
+    return None
+
+
+def oom_kills(container_id: str) -> int | None:
+    """How many processes the kernel's OOM killer ended in the container's cgroup (None: no counter here)."""
+    text = read_cgroup_file(container_id, "memory", "memory.oom_control", "memory.events")
+    for line in (text or "").splitlines():
+        key, _, value = line.partition(" ")
+        if key == "oom_kill":
+            return int(value)
     return None
 
 

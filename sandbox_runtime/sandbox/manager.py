@@ -6,9 +6,10 @@
   folders stay); ``sweep_orphans`` removes containers with our labels that nothing owns any more.
 * Before the first sandbox of a process starts, the self-check runs; when it fails, no sandbox ever starts
   (:mod:`~sandbox_runtime.sandbox.canary`).
-* A sandbox removed or stopped from outside is replaced on the next use (the results folder stays); a
-  conversation deleted by another runtime or process starts afresh here (what this process knew of it is
-  dropped, its folders and record are made anew).
+* A sandbox removed or stopped from outside is replaced on the next use (the results folder stays), and so is
+  one whose engine went away during a run (a daemon restart: ``abandon``); a conversation deleted by another
+  runtime or process starts afresh here (what this process knew of it is dropped, its folders and record are
+  made anew).
 
 Several processes may share a state directory (``serve``, a host application, a cron'd ``gc``), each under its
 own policy: each manager registers a lease and *holds* the conversations it uses, and never removes a sandbox
@@ -281,6 +282,13 @@ class SandboxManager:
         self.state.mark_removed(sandbox.container_id, reason)
         self.backend.remove(sandbox.container_id)
         logger.warning("removed sandbox %s: %s", sandbox.container_id[:12], reason)
+
+    def abandon(self, sandbox: Sandbox, reason: str) -> None:
+        """Never use the sandbox again, without asking the engine (it went away): it is marked removed, so the
+        conversation's next use starts a fresh one and removes it (also one a live-restore engine kept running)."""
+        self.forget(sandbox.conversation_id)
+        self.state.mark_removed(sandbox.container_id, reason)
+        logger.warning("abandoned sandbox %s: %s", sandbox.container_id[:12], reason)
 
     def restart(self, sandbox: Sandbox) -> None:
         """End every process of the sandbox at once (its results folder stays)."""

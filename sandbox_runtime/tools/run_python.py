@@ -35,12 +35,11 @@ import errno
 import logging
 import re
 import threading
-from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from sandbox_runtime.control import CallControl
-from sandbox_runtime.errors import InvalidToolArguments, PathNotFound, PathRejected, SandboxGone
+from sandbox_runtime.errors import EngineLost, InvalidToolArguments, PathNotFound, PathRejected, SandboxGone
 from sandbox_runtime.policy import Policy
 from sandbox_runtime.sandbox.backend import ExecRequest, ExecResult
 from sandbox_runtime.sandbox.manager import Sandbox, SandboxManager
@@ -55,8 +54,8 @@ from sandbox_runtime.sandbox.profile import (
 from sandbox_runtime.store.quota import QuotaUsage
 from sandbox_runtime.store.safe_paths import ResultsRoot
 from sandbox_runtime.tools.base import model_arguments
-from sandbox_runtime.tools.error_summary import summarize_failure
-from sandbox_runtime.tools.run_outcome import RunStatus, describe_end, run_outcome
+from sandbox_runtime.tools.run_outcome import RunStatus, run_outcome
+from sandbox_runtime.tools.run_result import RunPythonResult, decode, finish, not_saved, not_started
 
 __all__ = ["InvalidToolArguments", "RunPythonArgs", "RunPythonResult", "RunStatus", "run_python"]
 
@@ -69,7 +68,6 @@ _NO_SPACE = re.compile(r"\[Errno 28\]|No space left on device")
 # "nearly full" rather than full when the script fails: within 5 % of the quota (at least 4 MiB)
 _NEARLY_FULL_BYTES = 4 * 1024 * 1024
 _LOCK_POLL_S = 0.2  # a cancelled call that waits for its conversation's lock gives up within this
-_NOT_STARTED = "Cancelled by the caller before it started: nothing ran."
 
 
 class RunPythonArgs(BaseModel):
@@ -92,27 +90,6 @@ class RunPythonArgs(BaseModel):
         return self
 
 
-class RunPythonResult(BaseModel):
-    """What a run did. ``message`` is the short text for the model; the rest is for the host."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    status: RunStatus
-    is_error: bool
-    exit_code: int | None
-    stdout: str
-    stderr: str
-    duration_s: float
-    message: str
-    script_path: str
-    error_path: str | None = None
-    output_path: str | None = None
-    stdout_bytes: int
-    stderr_bytes: int
-    used_bytes: int | None = None
-    limit_bytes: int | None = None
-
-
 def parse_args(raw: dict[str, object] | RunPythonArgs, policy: Policy) -> RunPythonArgs:
     """Validate arguments against the schema and the policy's caps."""
     args = model_arguments(RunPythonArgs, raw, "run_python")
@@ -131,10 +108,6 @@ def parse_args(raw: dict[str, object] | RunPythonArgs, policy: Policy) -> RunPyt
     return args
 
 
-def _decode(data: bytes) -> str:
-    return data.decode("utf-8", errors="replace")
-
-
 def _script(root: ResultsRoot, args: RunPythonArgs, run_number: int, max_bytes: int) -> str:
     """The in-sandbox path of the script to run: the given file (checked) or the inline code saved."""
     if args.script_path is not None:
@@ -143,15 +116,6 @@ def _script(root: ResultsRoot, args: RunPythonArgs, run_number: int, max_bytes: 
             # affects what the sandbox itself runs
         return root.sandbox_path(root.parse(args.script_path))
     return root.create_file(f"scripts/run-{run_number:04d}.py", (args.code or "").encode("utf-8", "surrogatepass"))
-
-
-def _save(root: ResultsRoot, relative: str, text: str) -> str | None:
-    """Write a file for the model; None (and a warning) when the disk or quota refuses it."""
-    try:
-        return root.create_file(relative, text.encode("utf-8", "surrogatepass"))
-    except OSError as exc:  # the quota is full, or the sandbox planted something at that name
-        logger.warning("could not save %s: %s", relative, exc)
-        return None
 
 
 def run_python(
@@ -168,7 +132,7 @@ def run_python(
     timeout_s = args.timeout_s or policy.run.default_timeout_s
     lock = manager.lock(conversation_id)
     if not _acquire(lock, control):
-        return _not_started(args)
+        return not_started(args.script_path)
     try:
         return _run_locked(manager, conversation_id, args, timeout_s, control)
     finally:
@@ -221,7 +185,7 @@ def _run_locked(
             raise
         logger.info("saving inline code failed: the results folder is full (%s)", exc)
         usage = manager.store.usage(sandbox.folders)
-        return _not_saved(usage.used_bytes, usage.limit_bytes)
+        return not_saved(usage.used_bytes, usage.limit_bytes)
     oom_before = manager.backend.oom_kill_count(sandbox.container_id)
     caps = (policy.run.stdout_max_bytes, policy.run.stderr_max_bytes)
     request = ExecRequest(
@@ -235,18 +199,18 @@ def _run_locked(
     )
     exec_control = _exec_control(control, timeout_s)
     try:
-        result = manager.backend.exec(sandbox.container_id, request, exec_control)
-    except SandboxGone:
-        # removed or stopped from outside since this process last used it: nothing ran; start afresh
-        logger.info("sandbox of %s is gone; starting a new one", conversation_id)
-        manager.forget(conversation_id)
-        sandbox = manager.get_or_create(conversation_id)
-        result = manager.backend.exec(sandbox.container_id, request, exec_control)
+        try:
+            result = manager.backend.exec(sandbox.container_id, request, exec_control)
+        except SandboxGone:
+            # removed or stopped from outside since this process last used it: nothing ran; start afresh
+            logger.info("sandbox of %s is gone; starting a new one", conversation_id)
+            manager.forget(conversation_id)
+            sandbox = manager.get_or_create(conversation_id)
+            result = manager.backend.exec(sandbox.container_id, request, exec_control)
+    except EngineLost:
+        manager.abandon(sandbox, f"the engine went away during run {run_number}")
+        raise
     result, verdict = read_runner_verdict(result)
-    if verdict is not None and result.container_died:
-        # the runner saw the run through, so the sandbox did not end during it: what read as gVisor's word that
-        # it had was the script's own stderr
-        result = result.model_copy(update={"container_died": False})
     outcome = run_outcome(manager.backend, policy, sandbox.container_id, result, verdict, oom_before)
     removed = outcome.removed
     _tend(manager, sandbox, result, verdict, run_number, removed=removed)
@@ -254,7 +218,7 @@ def _run_locked(
     breach = _quota_breach(manager, sandbox, result) if status in ("ok", "error") and not removed else None
     if breach is not None:
         status = "quota_exceeded"
-    return _finish(policy, root, script, run_number, result, verdict, status, timeout_s, breach, removed=removed)
+    return finish(policy, root, script, run_number, result, verdict, status, timeout_s, breach, removed=removed)
 
 
 def _tend(
@@ -301,125 +265,7 @@ def _quota_breach(manager: SandboxManager, sandbox: Sandbox, result: ExecResult)
     if sandbox.folders.quota_mode == "measured":
         usage = manager.store.usage(sandbox.folders)
         return usage if usage.used_bytes > usage.limit_bytes else None
-    if result.exit_code == 0 or not _NO_SPACE.search(_decode(result.stderr[-8192:])):
+    if result.exit_code == 0 or not _NO_SPACE.search(decode(result.stderr[-8192:])):
         return None
     usage = manager.store.usage(sandbox.folders)
     return usage if usage.free_bytes <= max(_NEARLY_FULL_BYTES, usage.limit_bytes // 20) else None
-
-
-def _not_started(args: RunPythonArgs) -> RunPythonResult:
-    return RunPythonResult(
-        status="cancelled",
-        is_error=True,
-        exit_code=None,
-        stdout="",
-        stderr="",
-        duration_s=0.0,
-        message=_NOT_STARTED,
-        script_path=args.script_path or "(not saved: cancelled before it started)",
-        stdout_bytes=0,
-        stderr_bytes=0,
-    )
-
-
-def _not_saved(used: int, limit: int) -> RunPythonResult:
-    return RunPythonResult(
-        status="quota_exceeded",
-        is_error=True,
-        exit_code=None,
-        stdout="",
-        stderr="",
-        duration_s=0.0,
-        message=f"Not run: the code could not be saved because the results folder is full ({used:,} of "
-        f"{limit:,} bytes used). Delete files you no longer need (run_python with a short `code` that calls "
-        f"os.remove may still fit) and run again.",
-        script_path="(not saved: the results folder is full)",
-        stdout_bytes=0,
-        stderr_bytes=0,
-        used_bytes=used,
-        limit_bytes=limit,
-    )
-
-
-def _finish(
-    policy: Policy,
-    root: ResultsRoot,
-    script: str,
-    run_number: int,
-    result: ExecResult,
-    verdict: RunnerVerdict | None,
-    status: RunStatus,
-    timeout_s: float,
-    breach: QuotaUsage | None,
-    *,
-    removed: bool = False,
-) -> RunPythonResult:
-    stdout = _decode(result.stdout[: policy.run.stdout_max_bytes])
-    stderr = _decode(result.stderr[: policy.run.stderr_max_bytes])
-    # the script's own exit status; None when the runner ended the run (or the script never ran)
-    exit_code = result.exit_code if verdict is None or verdict.verdict == "exited" else None
-    base: dict[str, Any] = dict(
-        status=status,
-        is_error=status != "ok",
-        exit_code=exit_code,
-        stdout=stdout,
-        stderr=stderr,
-        duration_s=round(result.duration_s, 3),
-        script_path=script,
-        stdout_bytes=result.stdout_bytes_total,
-        stderr_bytes=result.stderr_bytes_total,
-    )
-    if status == "ok":
-        return RunPythonResult(message=f"Exit code 0 in {result.duration_s:.2f} s.", **base)
-    if status == "cancelled":
-        error_path = _save(root, f"errors/run-{run_number:04d}.txt", stderr) if stderr else None
-        saved = f" Its stderr so far: {error_path} — read it with read_file." if error_path else ""
-        message = (
-            f"Cancelled by the caller after {result.duration_s:.1f} s: every process of the run was ended. "
-            f"Files it wrote before that stay in {policy.sandbox.results_mount_path}.{saved}"
-        )
-        return RunPythonResult(message=message, error_path=error_path, **base)
-    error_path = _save(root, f"errors/run-{run_number:04d}.txt", stderr)
-    output_path = None
-    extra: dict[str, Any] = {}
-    summary = summarize_failure(
-        stderr,
-        exit_code=exit_code,
-        by_signal=None if verdict is None else verdict.signal is not None,  # the runner saw how the script ended
-        user_path_prefixes=[policy.sandbox.results_mount_path + "/"],
-        error_file_path=error_path or "(not saved: the results folder is full)",
-        max_chars=policy.run.error_message_max_chars,
-    )
-    stream = None
-    if status == "output_limit":
-        stream = result.over_cap or (verdict.stream if verdict is not None else None)
-        if stream is None:
-            stream = "stdout" if result.stdout_bytes_total > policy.run.stdout_max_bytes else "stderr"
-        cap = policy.run.stdout_max_bytes if stream == "stdout" else policy.run.stderr_max_bytes
-        output_path = _save(
-            root,
-            f"errors/run-{run_number:04d}.{stream}.txt",
-            _decode((result.stdout if stream == "stdout" else result.stderr)[:cap]),
-        )
-    if breach is not None:
-        extra = {"used_bytes": breach.used_bytes, "limit_bytes": breach.limit_bytes}
-    message = describe_end(
-        policy,
-        status,
-        result,
-        verdict,
-        removed=removed,
-        timeout_s=timeout_s,
-        summary=summary.message,
-        error_path=error_path,
-        stream=stream,
-        output_path=output_path,
-        breach=breach,
-    )
-    return RunPythonResult(
-        message=message,
-        error_path=error_path,
-        output_path=output_path,
-        **base,
-        **extra,
-    )

@@ -1,0 +1,184 @@
+"""What a ``run_python`` run gives back: the result model, and the words and files made for the model.
+
+A failure's full stderr is saved as ``errors/run-NNNN.txt`` and summarised in ``message`` (the exception line
+and the innermost frame of the model's own script are always kept); an output cap saves what was captured of
+the stream as ``errors/run-NNNN.<stream>.txt``. A file the quota or the sandbox refuses is left out, with a
+warning, never an exception.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict
+
+from sandbox_runtime.policy import Policy
+from sandbox_runtime.sandbox.backend import ExecResult
+from sandbox_runtime.sandbox.profile import RunnerVerdict
+from sandbox_runtime.store.quota import QuotaUsage
+from sandbox_runtime.store.safe_paths import ResultsRoot
+from sandbox_runtime.tools.error_summary import summarize_failure
+from sandbox_runtime.tools.run_outcome import RunStatus, describe_end
+
+__all__ = ["RunPythonResult", "decode", "finish", "not_saved", "not_started"]
+
+logger = logging.getLogger(__name__)
+
+_NOT_STARTED = "Cancelled by the caller before it started: nothing ran."
+
+
+class RunPythonResult(BaseModel):
+    """What a run did. ``message`` is the short text for the model; the rest is for the host."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    status: RunStatus
+    is_error: bool
+    exit_code: int | None
+    stdout: str
+    stderr: str
+    duration_s: float
+    message: str
+    script_path: str
+    error_path: str | None = None
+    output_path: str | None = None
+    stdout_bytes: int
+    stderr_bytes: int
+    used_bytes: int | None = None
+    limit_bytes: int | None = None
+
+
+def decode(data: bytes) -> str:
+    return data.decode("utf-8", errors="replace")
+
+
+def save(root: ResultsRoot, relative: str, text: str) -> str | None:
+    """Write a file for the model; None (and a warning) when the disk or quota refuses it."""
+    try:
+        return root.create_file(relative, text.encode("utf-8", "surrogatepass"))
+    except OSError as exc:  # the quota is full, or the sandbox planted something at that name
+        logger.warning("could not save %s: %s", relative, exc)
+        return None
+
+
+def not_started(script_path: str | None) -> RunPythonResult:
+    """A call cancelled before its run started: nothing ran."""
+    return RunPythonResult(
+        status="cancelled",
+        is_error=True,
+        exit_code=None,
+        stdout="",
+        stderr="",
+        duration_s=0.0,
+        message=_NOT_STARTED,
+        script_path=script_path or "(not saved: cancelled before it started)",
+        stdout_bytes=0,
+        stderr_bytes=0,
+    )
+
+
+def not_saved(used: int, limit: int) -> RunPythonResult:
+    """Inline code that could not be saved: the results folder is full."""
+    return RunPythonResult(
+        status="quota_exceeded",
+        is_error=True,
+        exit_code=None,
+        stdout="",
+        stderr="",
+        duration_s=0.0,
+        message=f"Not run: the code could not be saved because the results folder is full ({used:,} of "
+        f"{limit:,} bytes used). Delete files you no longer need (run_python with a short `code` that calls "
+        f"os.remove may still fit) and run again.",
+        script_path="(not saved: the results folder is full)",
+        stdout_bytes=0,
+        stderr_bytes=0,
+        used_bytes=used,
+        limit_bytes=limit,
+    )
+
+
+def finish(
+    policy: Policy,
+    root: ResultsRoot,
+    script: str,
+    run_number: int,
+    result: ExecResult,
+    verdict: RunnerVerdict | None,
+    status: RunStatus,
+    timeout_s: float,
+    breach: QuotaUsage | None,
+    *,
+    removed: bool = False,
+) -> RunPythonResult:
+    """The result of a run that ended with ``status``: its output, and for a failure the files and words for the
+    model (the full stderr in ``errors/run-NNNN.txt``, the captured stream of an output cap)."""
+    stdout = decode(result.stdout[: policy.run.stdout_max_bytes])
+    stderr = decode(result.stderr[: policy.run.stderr_max_bytes])
+    # the script's own exit status; None when the runner ended the run (or the script never ran)
+    exit_code = result.exit_code if verdict is None or verdict.verdict == "exited" else None
+    base: dict[str, Any] = dict(
+        status=status,
+        is_error=status != "ok",
+        exit_code=exit_code,
+        stdout=stdout,
+        stderr=stderr,
+        duration_s=round(result.duration_s, 3),
+        script_path=script,
+        stdout_bytes=result.stdout_bytes_total,
+        stderr_bytes=result.stderr_bytes_total,
+    )
+    if status == "ok":
+        return RunPythonResult(message=f"Exit code 0 in {result.duration_s:.2f} s.", **base)
+    if status == "cancelled":
+        error_path = save(root, f"errors/run-{run_number:04d}.txt", stderr) if stderr else None
+        saved = f" Its stderr so far: {error_path} — read it with read_file." if error_path else ""
+        message = (
+            f"Cancelled by the caller after {result.duration_s:.1f} s: every process of the run was ended. "
+            f"Files it wrote before that stay in {policy.sandbox.results_mount_path}.{saved}"
+        )
+        return RunPythonResult(message=message, error_path=error_path, **base)
+    error_path = save(root, f"errors/run-{run_number:04d}.txt", stderr)
+    output_path = None
+    extra: dict[str, Any] = {}
+    summary = summarize_failure(
+        stderr,
+        exit_code=exit_code,
+        by_signal=None if verdict is None else verdict.signal is not None,  # the runner saw how the script ended
+        user_path_prefixes=[policy.sandbox.results_mount_path + "/"],
+        error_file_path=error_path or "(not saved: the results folder is full)",
+        max_chars=policy.run.error_message_max_chars,
+    )
+    stream = None
+    if status == "output_limit":
+        stream = result.over_cap or (verdict.stream if verdict is not None else None)
+        if stream is None:
+            stream = "stdout" if result.stdout_bytes_total > policy.run.stdout_max_bytes else "stderr"
+        cap = policy.run.stdout_max_bytes if stream == "stdout" else policy.run.stderr_max_bytes
+        output_path = save(
+            root,
+            f"errors/run-{run_number:04d}.{stream}.txt",
+            decode((result.stdout if stream == "stdout" else result.stderr)[:cap]),
+        )
+    if breach is not None:
+        extra = {"used_bytes": breach.used_bytes, "limit_bytes": breach.limit_bytes}
+    message = describe_end(
+        policy,
+        status,
+        result,
+        verdict,
+        removed=removed,
+        timeout_s=timeout_s,
+        summary=summary.message,
+        error_path=error_path,
+        stream=stream,
+        output_path=output_path,
+        breach=breach,
+    )
+    return RunPythonResult(
+        message=message,
+        error_path=error_path,
+        output_path=output_path,
+        **base,
+        **extra,
+    )
