@@ -35,6 +35,7 @@ import tempfile
 import time
 import uuid
 from collections.abc import Callable
+from typing import NotRequired, TypedDict
 
 import docker
 
@@ -47,6 +48,17 @@ IMPORT_CODE = "import openpyxl, docx, pptx"
 COLD_CASES = ("cold_start", "docker_run")
 ORDER = ("cold_start", "docker_run", "warm_pass", "exec_pass", "warm_import", "exec_import")
 RATIOS = (("warm_pass", "exec_pass"), ("warm_import", "exec_import"), ("cold_start", "docker_run"))
+
+
+class Report(TypedDict):
+    """What one run reports, as printed by :func:`print_table` or as JSON."""
+
+    machine: dict[str, object]
+    repeat: int
+    cold_repeat: int
+    stats: dict[str, dict[str, float]]
+    ratios: dict[str, float]
+    profile_warm_pass: NotRequired[str]
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -85,7 +97,7 @@ def machine_facts(client: docker.DockerClient, runtime: Runtime) -> dict[str, ob
         "docker_api": version.get("ApiVersion"),
         "kernel": info.get("KernelVersion"),
         "cgroup": f"v{info.get('CgroupVersion')} {info.get('CgroupDriver')}",
-        "container_runtime": runtime.policy.sandbox.runtime or info.get("DefaultRuntime"),
+        "container_runtime": runtime.policy.sandbox.runtime,
         "quota_mode": runtime.store.quota_mode,
         "host_python": platform.python_version(),
         "image": runtime.manager.image,
@@ -183,18 +195,18 @@ def run(repeat: int, cold_repeat: int, bench: Bench) -> dict[str, list[float]]:
     return samples
 
 
-def print_table(report: dict[str, object]) -> None:
+def print_table(report: Report) -> None:
     facts, stats, ratios = report["machine"], report["stats"], report["ratios"]
-    print("machine: " + ", ".join(f"{k}={v}" for k, v in facts.items()))  # type: ignore[union-attr]
+    print("machine: " + ", ".join(f"{k}={v}" for k, v in facts.items()))
     print(
         f"repeat={report['repeat']} cold_repeat={report['cold_repeat']} (interleaved round-robin; "
         "self-check excluded by a warm-up conversation; one untimed warm-up per case)"
     )
     print(f"\n{'case':<30}{'n':>4}{'p50 ms':>10}{'p90 ms':>10}{'min ms':>10}")
-    for name, s in stats.items():  # type: ignore[union-attr]
+    for name, s in stats.items():
         print(f"{name:<30}{s['n']:>4}{s['p50_ms']:>10.1f}{s['p90_ms']:>10.1f}{s['min_ms']:>10.1f}")
     print()
-    for key, value in ratios.items():  # type: ignore[union-attr]
+    for key, value in ratios.items():
         print(f"ratio {key:<34} {value:6.2f}x  (p50 / p50)")
 
 
@@ -225,7 +237,7 @@ def main() -> None:
         samples["warm_pass: backend.exec part"] = bench.exec_part
         stats = summarize(samples)
         ratios = {f"{a} / {b}": stats[a]["p50_ms"] / stats[b]["p50_ms"] for a, b in RATIOS}
-        report = {
+        report: Report = {
             "machine": machine_facts(client, runtime),
             "repeat": opts.repeat,
             "cold_repeat": opts.cold_repeat,

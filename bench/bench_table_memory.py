@@ -3,7 +3,7 @@
 Run from the repository root:
 ``.venv/bin/python bench/bench_table_memory.py [--size-mb N] [--cell-mib N] [--json-mb N] [--dir DIR]``.
 
-Issue 12 found that one 150 MiB cell made ``export_table`` grow the host process by ~1.3 GiB and
+Before these caps, one 150 MiB cell made ``export_table`` grow the host process by ~1.3 GiB and
 ``render_table`` by ~0.9 GiB. Every host-side table reader now keeps a line cap (``tools.table_line_max_bytes``,
 16 MiB) and a cell cap (``tools.table_cell_max_chars``, 1 Mi characters), reads lines in chunks of 256 KiB
 (a longer line is measured before it is read, never read past the cap), and never holds a file whole as Python
@@ -46,6 +46,7 @@ from benchkit import Met, bench_run, line, print_targets
 
 from sandbox_runtime.errors import ToolFailure
 from sandbox_runtime.policy import Policy
+from sandbox_runtime.spill.cells import ColumnType
 from sandbox_runtime.spill.jsonio import dumps_lines
 from sandbox_runtime.spill.tables import header_line
 from sandbox_runtime.store.safe_paths import ResultsRoot
@@ -59,7 +60,18 @@ POLICY = Policy()
 READ_MAX_BYTES = POLICY.store.read_max_bytes  # what the runtime passes as max_source_bytes (whole-read JSON)
 STREAM_MAX_BYTES = 4 * 1024 * MiB  # the runtime passes the quota; large enough for --size-mb 1024 here
 COLUMNS = ("id", "qty", "price", "score", "name", "city", "day", "due", "active", "flag")
-TYPES = ("integer", "integer", "number", "number", "string", "string", "date", "date", "boolean", "boolean")
+TYPES: tuple[ColumnType, ...] = (
+    "integer",
+    "integer",
+    "number",
+    "number",
+    "string",
+    "string",
+    "date",
+    "date",
+    "boolean",
+    "boolean",
+)
 BATCH_ROWS = 20_000
 
 

@@ -25,9 +25,9 @@ from sandbox_runtime.errors import (
     SandboxRuntimeError,
     SelfCheckFailed,
 )
+from sandbox_runtime.mcp.stdio_client import WATCH_COMMAND, ClientProcess, release_when_client_exits
 from sandbox_runtime.policy import load_policy
 from sandbox_runtime.runtime import Conversation, Runtime, default_state_dir
-from sandbox_runtime.stdio_client import WATCH_COMMAND, ClientProcess, release_when_client_exits
 
 __all__ = ["main"]
 
@@ -98,8 +98,8 @@ def cmd_doctor(args: argparse.Namespace) -> int:
 
 
 def cmd_image_build(args: argparse.Namespace) -> int:
-    from sandbox_runtime.sandbox.docker_backend import DockerBackend  # noqa: PLC0415
-    from sandbox_runtime.sandbox.image import build_executor_image  # noqa: PLC0415
+    from sandbox_runtime.sandbox.docker_backend import DockerBackend  # noqa: PLC0415  (docker-py loads only when used)
+    from sandbox_runtime.sandbox.image import build_executor_image  # noqa: PLC0415  (only this command builds)
 
     started = time.monotonic()
     backend = DockerBackend()
@@ -115,7 +115,7 @@ def cmd_image_build(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    from sandbox_runtime.demo import run_demo  # noqa: PLC0415
+    from sandbox_runtime.demo import run_demo  # noqa: PLC0415  (the demo's sample data load only for it)
 
     return run_demo(args.state_dir, args.policy, out=sys.stdout, extra_labels=dict(args.label))
 

@@ -8,7 +8,7 @@ Needs the ``mcp`` extra (``pip install 'sandbox-runtime[mcp]'``): the MCP SDK an
 only here. Bad configuration — the extra missing, a database that is not a readable SQLite file, an HTTP port
 in use, HTTP off loopback without a token — is one line on stderr and exit 2, before anything starts. When a
 stdio client process exits, the sandbox of its default conversation is ended (its folders stay; see
-:mod:`~sandbox_runtime.stdio_client`).
+:mod:`~sandbox_runtime.mcp.stdio_client`).
 """
 
 from __future__ import annotations
@@ -27,8 +27,8 @@ import urllib.parse
 from pathlib import Path
 from typing import Any
 
+from sandbox_runtime.mcp.stdio_client import ClientProcess, start_watcher
 from sandbox_runtime.policy import Policy, load_policy
-from sandbox_runtime.stdio_client import ClientProcess, start_watcher
 
 __all__ = ["MCP_EXTRA_HINT", "add_serve_parser", "check_database", "cmd_serve", "key_value", "serve_policy"]
 
@@ -98,8 +98,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     try:
         from sandbox_runtime.mcp.gateway import Gateway  # noqa: PLC0415  (the MCP SDK loads only for serve)
-        from sandbox_runtime.mcp.server import McpService  # noqa: PLC0415
-        from sandbox_runtime.mcp.transports import (  # noqa: PLC0415
+        from sandbox_runtime.mcp.server import McpService  # noqa: PLC0415  (the MCP extra)
+        from sandbox_runtime.mcp.transports import (  # noqa: PLC0415  (the MCP extra)
             check_exposure,
             listen,
             serve_http,

@@ -10,7 +10,7 @@ same results folder.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict
@@ -157,7 +157,7 @@ class Conversation:
         return self.run_turn([item]).outcomes[0]
 
     def run_turn(
-        self, items: list[ToolCall | HostResult], *, turn_id: str | None = None, control: CallControl | None = None
+        self, items: Sequence[ToolCall | HostResult], *, turn_id: str | None = None, control: CallControl | None = None
     ) -> TurnReport:
         """Run a batch of calls together: built-in calls in parallel, host results taken in, then the spill and
         the per-turn budget over all of them. Each decision is stored before this returns; a call id seen

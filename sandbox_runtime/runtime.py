@@ -104,7 +104,7 @@ class Runtime:
                 backend = DockerBackend()
             self.backend = backend
             if image is None:
-                from sandbox_runtime.sandbox.image import executor_image_tag  # noqa: PLC0415
+                from sandbox_runtime.sandbox.image import executor_image_tag  # noqa: PLC0415  (a host's own backend needs no image code)
 
                 image = self.policy.sandbox.image or executor_image_tag()
             self.store = ConversationStore(self.state_dir, self.policy)

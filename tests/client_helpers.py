@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 import docker
-import openpyxl  # type: ignore[import-untyped, unused-ignore]
+import openpyxl
 import pytest
 
 from sandbox_runtime.sandbox.docker_backend import DockerBackend

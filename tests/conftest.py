@@ -11,6 +11,7 @@ import os
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -65,8 +66,8 @@ def runtime_factory(
     """Make runtimes on fresh state directories; every conversation they made is deleted afterwards."""
     made: list[Runtime] = []
 
-    def make(policy: Policy | str = "default", state_dir: Path | None = None, **kwargs: object) -> Runtime:
-        options: dict[str, object] = {
+    def make(policy: Policy | str = "default", state_dir: Path | None = None, **kwargs: Any) -> Runtime:
+        options: dict[str, Any] = {
             "image": executor_image,
             "reap_interval_s": None,
             "retention_interval_s": None,
@@ -76,7 +77,7 @@ def runtime_factory(
             state_dir or tmp_path_factory.mktemp("state"),
             policy,
             extra_labels={TEST_LABEL: SESSION},
-            **options,  # type: ignore[arg-type]
+            **options,
         )
         made.append(runtime)
         return runtime

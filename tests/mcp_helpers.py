@@ -12,7 +12,7 @@ import threading
 from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import anyio
 import mcp_types as types
@@ -128,6 +128,13 @@ def structured(result: types.CallToolResult) -> dict[str, Any]:
     assert isinstance(result.structured_content, dict)
     assert result.structured_content.get("text", text_of(result)) == text_of(result)
     return result.structured_content
+
+
+def request_meta(values: dict[str, str]) -> types.RequestParamsMeta:
+    """A request's ``_meta`` with this server's own keys (``sandbox-runtime/...``)."""
+    # RequestParamsMeta is an open TypedDict (PEP 728 extra_items), which mypy does not support yet: to it, any key
+    # beyond the declared ones is an error
+    return cast(types.RequestParamsMeta, values)
 
 
 def call_meta(result: types.CallToolResult) -> dict[str, Any]:

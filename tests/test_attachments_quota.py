@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pytest
 
+from sandbox_runtime.calls import HostResult, ToolCall
 from sandbox_runtime.errors import OutputsFull, ToolFailure, UnsafeFileType
 from sandbox_runtime.mcp.resources import attachment_uri, read_resource
 from sandbox_runtime.policy import load_policy
@@ -384,13 +385,11 @@ WRITE_REPORT = "import os\nopen('/mnt/results/exports/report.bin', 'wb').write(o
 def test_through_a_runtime_eight_attaches_of_a_24_mib_report_in_one_turn_are_one_copy_each_read_back(
     runtime_factory: RuntimeFactory,
 ) -> None:
-    from sandbox_runtime.calls import ToolCall  # noqa: PLC0415
-
     policy = load_policy("default").changed({"tools": {"outputs_max_bytes": 32 * MiB, "outputs_files_max": 8}}, "test")
     runtime = runtime_factory(policy)
     conversation = runtime.conversation("attach-once")
     assert not conversation.call("run_python", {"code": WRITE_REPORT}).is_error
-    calls = [
+    calls: list[ToolCall | HostResult] = [
         ToolCall(tool="attach_file", arguments={"path": "exports/report.bin", "filename": f"r{i}.bin"}, call_id=f"a{i}")
         for i in range(8)
     ]

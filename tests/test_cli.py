@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from sandbox_runtime.errors import EngineUnavailable
+from sandbox_runtime.runtime import Runtime
 from sandbox_runtime.sandbox.docker_backend import DockerBackend
 from sandbox_runtime.sandbox.profile import LABEL_CONVERSATION
 from tests.conftest import SESSION, TEST_LABEL
@@ -89,9 +90,6 @@ def test_a_bad_policy_file_exits_2_naming_the_field(tmp_path: Path) -> None:
 
 
 def test_ls_lists_conversations_with_their_disk_use(tmp_path: Path, docker_backend: DockerBackend) -> None:
-    from sandbox_runtime.runtime import Runtime  # noqa: PLC0415
-    from tests.conftest import SESSION, TEST_LABEL  # noqa: PLC0415
-
     with Runtime(tmp_path, reap_interval_s=None, extra_labels={TEST_LABEL: SESSION}) as runtime:
         runtime.conversation("listed").run_python("print(1)")
         try:
@@ -107,9 +105,6 @@ def test_ls_lists_conversations_with_their_disk_use(tmp_path: Path, docker_backe
 def test_ls_shows_a_conversations_execution_record_and_attachments(
     tmp_path: Path, docker_backend: DockerBackend
 ) -> None:
-    from sandbox_runtime.runtime import Runtime  # noqa: PLC0415
-    from tests.conftest import SESSION, TEST_LABEL  # noqa: PLC0415
-
     with Runtime(tmp_path, reap_interval_s=None, retention_interval_s=None, extra_labels={TEST_LABEL: SESSION}) as rt:
         conversation = rt.conversation("recorded")
         try:
@@ -136,8 +131,6 @@ SMALL_OUTPUTS_POLICY = "[tools]\noutputs_max_bytes = 3145728\noutputs_files_max 
 def test_ls_shows_each_conversations_attachments_against_the_policys_limits(
     tmp_path: Path, docker_backend: DockerBackend
 ) -> None:
-    from sandbox_runtime.runtime import Runtime  # noqa: PLC0415
-
     policy = tmp_path / "small.toml"
     policy.write_text(SMALL_OUTPUTS_POLICY)
     state = tmp_path / "state"

@@ -32,7 +32,7 @@ TICKET_SCHEMA: dict[str, Any] = {
 
 
 def call_stack(chars: int) -> str:
-    frames = []
+    frames: list[str] = []
     n = 0
     while sum(map(len, frames)) < chars:
         frames.append(

@@ -11,7 +11,7 @@ import re
 import subprocess
 import sys
 import tracemalloc
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +22,7 @@ from pydantic import ValidationError
 import sandbox_runtime.tools.export_table as export_module
 from sandbox_runtime.errors import BadTableFile, InvalidToolArguments, PathNotFound, PathOutsideResults, UnsafeFileType
 from sandbox_runtime.policy import SpillPolicy
+from sandbox_runtime.spill.cells import Cell
 from sandbox_runtime.spill.spiller import spill_result
 from sandbox_runtime.spill.tables import header_line, row_line
 from sandbox_runtime.store.safe_paths import ResultsRoot
@@ -298,7 +299,7 @@ def test_sorting_by_a_column_that_is_not_written_still_orders_the_rows(
 
 
 def test_the_external_sort_merges_many_runs_stably_like_an_in_memory_sort(tmp_path: Path) -> None:
-    rows = [[(i * 7919) % 13 if i % 10 else None, i] for i in range(1000)]
+    rows: list[list[Cell]] = [[(i * 7919) % 13 if i % 10 else None, i] for i in range(1000)]
     for descending in (False, True):
         with sort_rows(iter(rows), 0, descending=descending, memory_rows=3, tmp_dir=str(tmp_path)) as ordered:
             got = list(ordered.rows)
@@ -338,6 +339,7 @@ def test_a_start_past_the_end_says_how_many_rows_there_are(root: ResultsRoot, sp
 
 
 def test_negative_counts_and_starts_and_unknown_arguments_fail_validation() -> None:
+    bad: Mapping[str, object]
     for bad in ({"count": -1}, {"start": -1}, {"rows": 5}, {"format": "ods"}, {"columns": []}):
         with pytest.raises(ValidationError):
             ExportTableArgs.model_validate({"source": "a.json", "format": "csv", **bad})

@@ -425,7 +425,7 @@ def test_an_http_upstream_whose_token_variable_is_unset_or_empty_is_down_and_is_
     with socket.create_server(("127.0.0.1", 0)) as listener:
         listener.setblocking(False)
         port = listener.getsockname()[1]
-        upstreams = {"crm": UpstreamServer(url=f"http://127.0.0.1:{port}/mcp", token_variable="SRT_TEST_CRM_TOKEN")}  # noqa: S106
+        upstreams = {"crm": UpstreamServer(url=f"http://127.0.0.1:{port}/mcp", token_variable="SRT_TEST_CRM_TOKEN")}  # noqa: S106  (a name)
         for value in (None, ""):
             if value is None:
                 monkeypatch.delenv("SRT_TEST_CRM_TOKEN", raising=False)
@@ -445,9 +445,9 @@ def test_an_http_upstream_whose_token_variable_is_unset_or_empty_is_down_and_is_
 
 def test_a_token_variable_is_only_for_an_http_upstream_and_must_name_a_variable() -> None:
     with pytest.raises(ValueError, match="`token_variable` is for a `url` upstream"):
-        UpstreamServer(command=["mcp-server-time"], token_variable="TIME_TOKEN")  # noqa: S106
+        UpstreamServer(command=["mcp-server-time"], token_variable="TIME_TOKEN")  # noqa: S106  (a name)
     with pytest.raises(ValueError, match="must name an environment variable"):
-        UpstreamServer(url="http://127.0.0.1:9/mcp", token_variable="not a name")  # noqa: S106
+        UpstreamServer(url="http://127.0.0.1:9/mcp", token_variable="not a name")  # noqa: S106  (a bad name, on purpose)
 
 
 def test_an_mcp_client_sees_an_sdk_upstreams_text_structure_and_progress_and_its_cancel_reaches_the_upstream(

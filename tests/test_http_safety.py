@@ -71,6 +71,7 @@ def test_a_loopback_server_refuses_foreign_host_and_origin_headers(served_state:
     with http_server(served_state, host=host) as url:
         parts = urllib.parse.urlsplit(url)
         port = parts.port
+        assert port is not None
         served = parts.netloc  # the address it listens on, as a Host value: 127.0.0.2:PORT, [::1]:PORT
         assert parts.hostname == ("127.0.0.1" if host == "localhost" else host)
 
@@ -106,4 +107,4 @@ def test_the_allowed_names_are_the_served_address_and_localhost_with_the_port() 
 
 def test_off_loopback_the_bearer_token_guards_and_host_names_are_not_guessed() -> None:
     assert not rebinding_protection("10.1.2.3", 8765).enable_dns_rebinding_protection
-    assert not rebinding_protection("0.0.0.0", 8765).enable_dns_rebinding_protection  # noqa: S104
+    assert not rebinding_protection("0.0.0.0", 8765).enable_dns_rebinding_protection  # noqa: S104  (the address under test)

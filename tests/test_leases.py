@@ -234,7 +234,9 @@ def test_a_hold_keeps_its_container_and_last_use_across_a_short_look(tmp_path: P
     state.record_sandbox("abc", "c1", 20.0)
     state.mark_removed("abc", "closed")
     assert state.leases.holds(lease_id=lease.id)[0].container_id is None  # a removed container is nobody's any more
-    assert state.sandbox("abc").removed_reason == "closed"  # type: ignore[union-attr]
+    removed = state.sandbox("abc")
+    assert removed is not None
+    assert removed.removed_reason == "closed"
 
 
 def test_a_database_from_before_leases_is_migrated_when_opened(tmp_path: Path) -> None:

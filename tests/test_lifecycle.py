@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import os
 import subprocess
+import threading
 import time
 from pathlib import Path
 
@@ -13,6 +14,7 @@ import pytest
 from sandbox_runtime.errors import InvalidConversationId, SelfCheckFailed
 from sandbox_runtime.policy import load_policy, policy_from_mapping
 from sandbox_runtime.runtime import Runtime
+from sandbox_runtime.sandbox.backend import SandboxBackend
 from sandbox_runtime.sandbox.docker_backend import DockerBackend
 from sandbox_runtime.sandbox.manager import Removal
 from sandbox_runtime.sandbox.profile import LABEL_CONVERSATION, LABEL_RUNTIME
@@ -32,7 +34,7 @@ def _ids(removals: list[Removal]) -> set[str]:
     return {r.container_id for r in removals}
 
 
-def _ours(backend: DockerBackend, conversation: str) -> list[str]:
+def _ours(backend: SandboxBackend, conversation: str) -> list[str]:
     return [c.id for c in backend.list_containers({TEST_LABEL: SESSION, LABEL_CONVERSATION: conversation})]
 
 
@@ -40,7 +42,7 @@ def test_each_conversation_gets_its_own_labelled_sandbox(runtime: Runtime) -> No
     a = runtime.conversation("lifecycle-a").sandbox()
     b = runtime.conversation("lifecycle-b").sandbox()
     assert a.container_id != b.container_id
-    assert _ours(runtime.backend, "lifecycle-a") == [a.container_id]  # type: ignore[arg-type]
+    assert _ours(runtime.backend, "lifecycle-a") == [a.container_id]
     info = runtime.backend.inspect(a.container_id)
     assert info is not None
     assert info.labels[LABEL_RUNTIME] == "1"
@@ -51,7 +53,7 @@ def test_closing_a_conversation_removes_its_sandbox_and_keeps_its_files(runtime:
     conversation = runtime.conversation("closing")
     conversation.run_python("open('/mnt/results/kept.txt', 'w').write('kept')")
     assert conversation.close() is True
-    assert _ours(runtime.backend, "closing") == []  # type: ignore[arg-type]
+    assert _ours(runtime.backend, "closing") == []
     assert (conversation.folders.results / "kept.txt").read_text() == "kept"
     assert conversation.run_python("print(open('/mnt/results/kept.txt').read())").stdout == "kept\n"
 
@@ -110,7 +112,7 @@ def test_a_container_of_an_unknown_conversation_is_an_orphan(runtime_factory: Ru
 @pytest.mark.parametrize("bad_id", ["", "a" * 65, "../etc", "with space", "-leading-dash", "é", "a/b", "a\x00b", 42])
 def test_a_bad_conversation_id_is_a_clear_error(runtime: Runtime, bad_id: object) -> None:
     with pytest.raises(InvalidConversationId):
-        runtime.conversation(bad_id)  # type: ignore[arg-type]
+        runtime.conversation(bad_id)  # type: ignore[arg-type]  # 42: a wrong type on purpose, the run-time check is under test
 
 
 def test_a_conversation_id_of_64_characters_is_accepted(runtime: Runtime) -> None:
@@ -136,8 +138,6 @@ def test_no_sandbox_starts_when_the_self_check_fails(
 
 
 def test_a_run_waits_for_the_one_before_it_in_the_same_conversation(runtime: Runtime) -> None:
-    import threading  # noqa: PLC0415
-
     conversation = runtime.conversation("serial")
     conversation.run_python("pass")
     results: list[str] = []

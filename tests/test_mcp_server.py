@@ -25,6 +25,7 @@ from tests.mcp_helpers import (
     http_server,
     links_of,
     query_export_attach,
+    request_meta,
     run_bounded,
     serve_command,
     stdio_params,
@@ -119,7 +120,9 @@ def test_a_client_without_elicitation_gets_the_policys_fallback(served_state: Pa
             assert refused.is_error
             assert "no approver is available" in text_of(refused)
             misnamed = await client.call_tool(
-                "read_file", {"path": "note.txt"}, meta={"sandbox-runtime/conversation": "not a valid id!"}
+                "read_file",
+                {"path": "note.txt"},
+                meta=request_meta({"sandbox-runtime/conversation": "not a valid id!"}),
             )
             assert misnamed.is_error
             assert text_of(misnamed).startswith("InvalidConversationId:")
@@ -146,7 +149,9 @@ async def _http_client_calls(url: str, token: str) -> dict[str, Any]:
             named = await second.call_tool(
                 "read_file",
                 {"path": "/mnt/results/a.txt"},
-                meta={"sandbox-runtime/conversation": "named-one", "sandbox-runtime/call-id": "host-call-7"},
+                meta=request_meta(
+                    {"sandbox-runtime/conversation": "named-one", "sandbox-runtime/call-id": "host-call-7"}
+                ),
             )
             seen["named"] = named
         return seen

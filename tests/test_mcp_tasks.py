@@ -32,7 +32,7 @@ CALL_TIMEOUT_MS = 180_000
 STARTED_WAIT_S = 90.0
 PROCESSES_GONE_S = 10.0
 LONG_TAIL = "x" * 1200
-TASKS_CAPABILITY = {"list": {}, "cancel": {}, "requests": {"tools": {"call": {}}}}
+TASKS_CAPABILITY: dict[str, object] = {"list": {}, "cancel": {}, "requests": {"tools": {"call": {}}}}
 
 
 def _node() -> str:

@@ -10,7 +10,7 @@ import mcp_types as types
 from mcp import Client
 
 from tests.conftest import RuntimeFactory
-from tests.mcp_helpers import call_meta, run_bounded, stdio_params, structured, text_of
+from tests.mcp_helpers import call_meta, request_meta, run_bounded, stdio_params, structured, text_of
 
 BUDGET = 200_000
 PARALLEL = 10
@@ -21,7 +21,7 @@ def big(n: int) -> dict[str, Any]:
     return {"code": f"print('{n}' + 'x' * {CHARS - 2})"}
 
 
-async def parallel_calls(client: Client, meta: dict[str, Any] | None) -> list[types.CallToolResult]:
+async def parallel_calls(client: Client, meta: types.RequestParamsMeta | None) -> list[types.CallToolResult]:
     results: list[types.CallToolResult | None] = [None] * PARALLEL
 
     async def one(n: int) -> None:
@@ -40,7 +40,7 @@ def test_parallel_calls_of_one_turn_share_the_budget_and_later_calls_of_the_turn
 
     async def scenario() -> dict[str, Any]:
         async with Client(stdio_params(state), read_timeout_seconds=120) as client:
-            turn = {"sandbox-runtime/turn": "turn-1"}
+            turn = request_meta({"sandbox-runtime/turn": "turn-1"})
             first = await parallel_calls(client, turn)
             late = await client.call_tool("run_python", big(99), meta=turn)
             alone = await client.call_tool("run_python", big(98))  # a new turn: nothing else in flight

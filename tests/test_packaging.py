@@ -71,7 +71,7 @@ def test_the_public_api_and_every_core_module_import_without_the_mcp_extra(tmp_p
         import pkgutil
 
         import sandbox_runtime
-        from sandbox_runtime import *  # noqa: F403
+        from sandbox_runtime import *  # noqa: F403  (the star import of __all__ is under test)
         from sandbox_runtime import Runtime, TableStream, ToolCall
 
         core = [

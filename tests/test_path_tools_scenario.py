@@ -11,7 +11,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from docx import Document
 from openpyxl import load_workbook
+from pptx import Presentation
 
 from sandbox_runtime import Runtime
 from sandbox_runtime.spill.tables import iter_table_file
@@ -166,9 +168,6 @@ def test_reports_are_built_by_a_script_passed_by_path_that_reads_the_spill(runti
     assert json.loads(ran.text.splitlines()[0]) == {"rows": ROWS, "total_kb": total}
 
     exports = conversation.folders.results / "exports"
-    from docx import Document  # noqa: PLC0415
-    from pptx import Presentation  # noqa: PLC0415
-
     document = Document(str(exports / "report.docx"))
     assert f"{ROWS} rows, {total:.1f} KB in all" in [p.text for p in document.paragraphs]
     deck = Presentation(str(exports / "report.pptx"))

@@ -6,6 +6,7 @@ import typing
 from pathlib import Path
 
 import pytest
+from pydantic import BaseModel
 
 from sandbox_runtime.errors import PolicyError
 from sandbox_runtime.policy import BUILTIN_POLICY_NAMES, Policy, load_policy
@@ -48,9 +49,9 @@ def test_the_default_file_spells_out_every_built_in_default() -> None:
 
 
 def test_every_limit_names_its_unit() -> None:
-    def fields(model: type) -> list[str]:
-        names = []
-        for field_name, field in model.model_fields.items():  # type: ignore[attr-defined]
+    def fields(model: type[BaseModel]) -> list[str]:
+        names: list[str] = []
+        for field_name, field in model.model_fields.items():
             annotation = field.annotation
             if typing.get_origin(annotation) is dict:  # per-name sections, e.g. spill.tools.<tool>
                 annotation = typing.get_args(annotation)[1]

@@ -36,19 +36,51 @@ def test_only_the_docker_backend_imports_docker() -> None:
     assert importers == ["sandbox/docker_backend.py"]
 
 
-def test_lower_layers_never_import_higher_ones() -> None:
-    layers = ["policy", "sandbox", "store", "spill", "tools", "runtime", "mcp", "cli"]
-    # store (safe paths, quota) sits beside the sandbox layer; neither may reach tools, the API or the CLI
-    for path in PACKAGE.rglob("*.py"):
+# the layers, lowest first (ARCHITECTURE.md): a module may import its own layer and those below it, never above
+LAYERS: tuple[tuple[str, frozenset[str]], ...] = (
+    ("errors", frozenset({"errors", "control", "processes"})),
+    ("policy", frozenset({"policy"})),
+    ("state", frozenset({"state", "state_schema", "leases", "records"})),
+    ("sandbox", frozenset({"sandbox"})),
+    ("store", frozenset({"store"})),
+    ("spill", frozenset({"spill"})),
+    ("tools", frozenset({"tools"})),
+    ("pipeline", frozenset({"calls", "approval", "execution", "dispatch", "dispatch_results", "turns"})),
+    ("python api", frozenset({"runtime", "conversation", "sample_data"})),
+    ("mcp", frozenset({"mcp"})),
+    ("cli", frozenset({"cli", "cli_serve", "demo", "__main__", "__init__"})),
+)
+# the one drift left, edge by edge (a new one fails): the sandbox manager still makes and mounts the folders of
+# the conversations whose containers it runs; a conversation service above store will own them
+KNOWN_UPWARD_IMPORTS = {
+    ("sandbox/canary.py", "sandbox_runtime.store.folders"),
+    ("sandbox/manager.py", "sandbox_runtime.store.folders"),
+    ("sandbox/records.py", "sandbox_runtime.store.folders"),
+    ("sandbox/volumes.py", "sandbox_runtime.store.folders"),
+    ("sandbox/volumes.py", "sandbox_runtime.store.quota"),
+}
+
+
+def _layer(dotted: str) -> int:
+    top = dotted.split(".", maxsplit=1)[0]
+    for number, (_, members) in enumerate(LAYERS):
+        if top in members:
+            return number
+    raise AssertionError(f"sandbox_runtime.{dotted} is in no layer: add it to LAYERS")
+
+
+def test_every_module_is_in_a_layer_and_imports_only_its_own_or_lower_ones() -> None:
+    upward = set()
+    for path in sorted(PACKAGE.rglob("*.py")):
         relative = path.relative_to(PACKAGE)
-        top = relative.parts[0].removesuffix(".py")
-        if top not in layers:
-            continue
-        higher = set(layers[layers.index(top) + 1 :]) - {"store", "sandbox"}
+        if relative.parts[0] == "_data":
+            continue  # the image's own scripts: standard library only, never imported by the package
+        own = _layer(".".join(relative.with_suffix("").parts))
         for name in _imports(path):
             parts = name.split(".")
-            if parts[0] == "sandbox_runtime" and len(parts) > 1:
-                assert parts[1] not in higher, f"{relative} imports {name}"
+            if parts[0] == "sandbox_runtime" and len(parts) > 1 and _layer(".".join(parts[1:])) > own:
+                upward.add((str(relative), name))
+    assert upward == KNOWN_UPWARD_IMPORTS
 
 
 def test_every_public_name_has_a_docstring() -> None:

@@ -114,7 +114,8 @@ def test_measured_mode_reports_every_run_that_leaves_the_folder_over_the_quota(
     over = conversation.run_python("open('/mnt/results/big.bin', 'wb').write(b'x' * (2 * 1024 * 1024))")
     assert over.status == "quota_exceeded"
     assert over.used_bytes is not None
-    assert over.used_bytes > over.limit_bytes == 1024 * 1024  # type: ignore[operator]
+    assert over.limit_bytes is not None
+    assert over.used_bytes > over.limit_bytes == 1024 * 1024
     still_over = conversation.run_python("print('runs, so the model can clean up')")
     assert still_over.status == "quota_exceeded"
     cleaned = conversation.run_python("import os; os.remove('/mnt/results/big.bin')")

@@ -6,6 +6,7 @@ import contextlib
 import io
 import re
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -25,15 +26,15 @@ def block_after(marker: str) -> str:
 
 def test_the_python_example_runs_as_written(executor_image: str, monkeypatch: pytest.MonkeyPatch) -> None:
     class LabelledRuntime(Runtime):  # the example's sandboxes carry the test label, for clean-up by label
-        def __init__(self, *args: object, **kwargs: object) -> None:
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
             kwargs.setdefault("extra_labels", {TEST_LABEL: SESSION})
             kwargs.setdefault("image", executor_image)
-            super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+            super().__init__(*args, **kwargs)
 
     monkeypatch.setattr(sandbox_runtime, "Runtime", LabelledRuntime)
     printed = io.StringIO()
     with contextlib.redirect_stdout(printed):
-        exec(compile(block_after("<!-- example: python-api -->"), "README.md", "exec"), {"__name__": "readme"})  # noqa: S102
+        exec(compile(block_after("<!-- example: python-api -->"), "README.md", "exec"), {"__name__": "readme"})  # noqa: S102  (the README's own example, run as written)
     lines = printed.getvalue().splitlines()
     assert lines == [
         "/mnt/results/spill/run_python-c1.table.jsonl 300 ['id', 'library']",

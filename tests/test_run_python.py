@@ -8,6 +8,7 @@ import pytest
 
 from sandbox_runtime.errors import InvalidToolArguments, PathNotFound, PathOutsideResults, UnsafeFileType
 from sandbox_runtime.runtime import Runtime
+from tests.conftest import RuntimeFactory
 from tests.failure_corpus.cases import Case, load_cases, prepare_run_dir
 
 pytestmark = pytest.mark.docker
@@ -48,7 +49,7 @@ def test_a_script_builds_office_documents_in_the_results_folder(runtime: Runtime
     assert {p.name for p in exports.iterdir()} == {"t.xlsx", "t.docx", "t.pptx"}
 
 
-def test_the_sandbox_is_reused_across_calls_and_found_again_after_a_restart(runtime_factory) -> None:  # type: ignore[no-untyped-def]
+def test_the_sandbox_is_reused_across_calls_and_found_again_after_a_restart(runtime_factory: RuntimeFactory) -> None:
     first_runtime = runtime_factory()
     conversation = first_runtime.conversation("reattach")
     conversation.run_python("open('/tmp/marker', 'w').write('still here')")
@@ -152,7 +153,7 @@ def test_a_traceback_longer_than_100_kb_is_kept_whole_in_the_error_file(runtime:
     assert saved.count("v") >= 150_000
 
 
-def test_the_strict_policy_runs_code_within_its_tighter_limits(runtime_factory) -> None:  # type: ignore[no-untyped-def]
+def test_the_strict_policy_runs_code_within_its_tighter_limits(runtime_factory: RuntimeFactory) -> None:
     runtime = runtime_factory("strict")
     assert runtime.doctor().ok
     conversation = runtime.conversation("strict")

@@ -22,6 +22,7 @@ from sandbox_runtime.errors import ConversationDeleted, SandboxRuntimeError, Too
 from sandbox_runtime.mcp.gateway import Gateway
 from sandbox_runtime.policy import McpPolicy, UpstreamServer
 from sandbox_runtime.runtime import Runtime
+from sandbox_runtime.sandbox.backend import SandboxBackend
 from sandbox_runtime.sandbox.docker_backend import DockerBackend
 from sandbox_runtime.sandbox.profile import LABEL_CONVERSATION
 from sandbox_runtime.state import SCHEMA_VERSION, StateDB
@@ -33,7 +34,7 @@ SDK_UPSTREAM = [sys.executable, str(Path(__file__).resolve().parent / "upstreams
 NOTE_SCHEMA = {"type": "object", "properties": {"text": {"type": "string"}}, "required": ["text"]}
 
 
-def _ours(backend: DockerBackend, conversation: str) -> list[str]:
+def _ours(backend: SandboxBackend, conversation: str) -> list[str]:
     return [c.id for c in backend.list_containers({TEST_LABEL: SESSION, LABEL_CONVERSATION: conversation})]
 
 
@@ -135,7 +136,7 @@ def test_a_deleted_conversation_refuses_every_use_and_says_how_to_open_it_again(
         assert runtime.state.conversation("deleted-here") is None, f"{name} made the conversation again"
     assert conversation.close() is False  # nothing of it is left to end
     conversation.delete()  # nor to delete
-    assert _ours(runtime.backend, "deleted-here") == []  # type: ignore[arg-type]
+    assert _ours(runtime.backend, "deleted-here") == []
 
     again = runtime.conversation("deleted-here")  # opened again: a new, empty conversation
     fresh = again.run_python("import os; print(os.path.exists('/mnt/results/kept.txt'))")
@@ -189,11 +190,12 @@ def test_a_sandbox_removed_from_outside_is_replaced_by_every_path_and_the_result
         assert conversation.close() is False  # nothing was running any more
         return conversation.run_python(read_back).stdout
 
-    for use in (
+    uses: tuple[Callable[[], str], ...] = (
         lambda: conversation.run_python(read_back).stdout,
         lambda: conversation.call("run_python", {"code": read_back}).text,
         closed_then_run,
-    ):
+    )
+    for use in uses:
         docker_backend.remove(conversation.sandbox().container_id)
         assert "kept" in str(use())
     docker_backend.remove(conversation.sandbox().container_id)
@@ -426,7 +428,9 @@ def test_a_state_folder_of_the_previous_version_opens_with_everything_in_it_and_
     assert expired.removed_at == 1700000003.0
     ran = conversation.run_python("print(6 * 7)")  # the conversation carries on: its fourth run
     assert (ran.status, ran.stdout) == ("ok", "42\n")
-    assert runtime.state.conversation("from-before").runs == 4  # type: ignore[union-attr]
+    carried_on = runtime.state.conversation("from-before")
+    assert carried_on is not None
+    assert carried_on.runs == 4
     indexes = {name for kind, name, _ in _query(path, SCHEMA_SQL) if kind == "index"}
     assert "attachments_by_conversation" in indexes  # what version 1 added
 

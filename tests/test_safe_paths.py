@@ -316,7 +316,7 @@ def test_ensure_dir_creates_nested_folders_and_refuses_a_file_in_the_way(root: R
 def test_a_setuid_file_is_readable_and_its_copy_handed_out_is_0644(root: ResultsRoot, results: Path) -> None:
     produced = results / "tool"
     produced.write_bytes(b"\x7fELF...")
-    os.chmod(produced, 0o4755)  # noqa: S103 - the sandbox-set setuid bit under test
+    os.chmod(produced, 0o4755)  # noqa: S103  (the sandbox-set setuid bit under test)
     data = root.read_bytes("tool", max_bytes=100)
     assert data == b"\x7fELF..."
     root.create_file("attachments/tool", data)
@@ -354,7 +354,7 @@ def test_a_fifo_socket_device_or_folder_named_like_a_result_is_refused_at_once(
 ) -> None:
     _make_special(root.host_root, kind)
     if not precheck:  # prove the descriptor check alone is enough if the file is swapped after the lstat
-        monkeypatch.setattr(safe_paths, "_refuse_if_not_regular", lambda *_args: None)
+        monkeypatch.setattr(safe_paths, "refuse_if_not_regular", lambda *_args: None)
     outcome: list[BaseException] = []
 
     def read() -> None:

@@ -11,7 +11,7 @@ import pytest
 
 from sandbox_runtime.policy import SpillPolicy
 from sandbox_runtime.spill.cells import clean_column
-from sandbox_runtime.spill.spiller import spill_result
+from sandbox_runtime.spill.spiller import SpillOutcome, spill_result
 from sandbox_runtime.spill.tables import iter_table_file
 from sandbox_runtime.store.safe_paths import ResultsRoot
 
@@ -25,7 +25,7 @@ def root(tmp_path: Path) -> ResultsRoot:
     return ResultsRoot(tmp_path)
 
 
-def spill(root: ResultsRoot, result: object, call_id: str = "call-1", policy: SpillPolicy = POLICY):  # type: ignore[no-untyped-def]
+def spill(root: ResultsRoot, result: object, call_id: str = "call-1", policy: SpillPolicy = POLICY) -> SpillOutcome:
     return spill_result(root, result, tool="sql_query", call_id=call_id, policy=policy, now=NOW)
 
 

@@ -52,9 +52,9 @@ def random_records(rng: random.Random) -> list[dict[str, Any]]:
         )
         for i in range(rng.randint(1, 6))
     }
-    records = []
+    records: list[dict[str, Any]] = []
     for _ in range(rng.randint(1, 40)):
-        record = {}
+        record: dict[str, Any] = {}
         for name, allowed in columns.items():
             if records and rng.random() < 0.05:
                 continue  # a key missing from a later record is null there

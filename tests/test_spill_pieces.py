@@ -7,7 +7,7 @@ import datetime as dt
 import json
 import os
 import re
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import pytest
@@ -15,11 +15,11 @@ import pytest
 from sandbox_runtime.errors import FileTooLarge, UnsafeFileType
 from sandbox_runtime.policy import SpillPolicy
 from sandbox_runtime.records import ExpiredFile, StoredResult
-from sandbox_runtime.spill.budget import BudgetCandidate, plan_turn_budget
+from sandbox_runtime.spill.budget import BudgetCandidate, BudgetDecision, plan_turn_budget
 from sandbox_runtime.spill.failures import shorten_error, spill_error
 from sandbox_runtime.spill.history import rebuild_history
 from sandbox_runtime.spill.manifest import record_in_manifest
-from sandbox_runtime.spill.spiller import ResultDescriptor, spill_result
+from sandbox_runtime.spill.spiller import ResultDescriptor, SpillOutcome, spill_result
 from sandbox_runtime.state import StateDB
 from sandbox_runtime.store.safe_paths import ResultsRoot
 
@@ -55,7 +55,7 @@ def db(tmp_path: Path) -> Iterator[StateDB]:
     state.close()
 
 
-def budget(sizes: list[tuple[int, int | None]]):  # type: ignore[no-untyped-def]
+def budget(sizes: Sequence[tuple[int, int | None]]) -> BudgetDecision:
     candidates = [BudgetCandidate(inline, stand_in) for inline, stand_in in sizes]
     return plan_turn_budget(candidates, budget_chars=200_000, floor_chars=5_000)
 
@@ -319,7 +319,7 @@ def test_a_fifo_at_the_manifest_name_is_refused_without_blocking(root: ResultsRo
     assert record(root) is not None
 
 
-def spill(root: ResultsRoot, result: object, call_id: str = "call-1"):  # type: ignore[no-untyped-def]
+def spill(root: ResultsRoot, result: object, call_id: str = "call-1") -> SpillOutcome:
     return spill_result(root, result, tool="sql_query", call_id=call_id, policy=POLICY, now=NOW)
 
 

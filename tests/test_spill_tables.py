@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import decimal
 import io
 import json
 import math
@@ -10,6 +11,8 @@ import time
 
 import pytest
 
+from sandbox_runtime.spill.cells import Cell
+from sandbox_runtime.spill.jsonio import dumps_lines
 from sandbox_runtime.spill.tables import (
     Table,
     TableFileError,
@@ -27,7 +30,7 @@ def _table(result: object) -> Table:
     return found
 
 
-def _round_trip(table: Table) -> list[list[object]]:
+def _round_trip(table: Table) -> list[list[Cell]]:
     data = table_file_bytes(table)
     header = header_line(table.columns, table.column_types).encode("utf-8", "surrogatepass")
     assert data == header + b"".join(row_line(row) for row in table.iter_rows())  # the fast cut is exact
@@ -151,8 +154,6 @@ def test_very_long_lines_are_not_a_table_and_do_not_break_the_csv_reader(text: s
 
 
 def test_values_from_a_database_cursor_keep_their_types() -> None:
-    import decimal  # noqa: PLC0415
-
     table = _table(
         {
             "columns": ["day", "at", "price", "other"],
@@ -170,8 +171,6 @@ def test_values_from_a_database_cursor_keep_their_types() -> None:
 
 
 def test_row_lines_are_exact_even_when_text_holds_the_row_boundary() -> None:
-    from sandbox_runtime.spill.jsonio import dumps_lines  # noqa: PLC0415
-
     rows = [[1, "a"], [], [2, "x],[y"], [3, None]]
     assert dumps_lines(rows) == b'[1,"a"]\n[]\n[2,"x],[y"]\n[3,null]\n'
     assert dumps_lines([[1, "a"], [2, "b"]]) == b'[1,"a"]\n[2,"b"]\n'

@@ -42,6 +42,7 @@ def test_a_query_of_360_orders_spills_as_a_typed_table_the_model_can_pass_on(
     assert d is not None
     assert d.format == "table"
     assert (d.rows, d.columns) == (360, list(SAMPLE_ORDER_COLUMNS))
+    assert d.columns is not None
     types = dict(zip(d.columns, d.column_types or [], strict=True))
     assert (types["order_id"], types["quantity"], types["unit_price"], types["customer"]) == (
         "integer",

@@ -595,7 +595,9 @@ def test_a_sort_of_large_rows_runs_within_a_byte_budget_and_stays_stable(
 
     def source() -> Any:
         for row in rows:
-            read[0] += len(row[2]) + 10
+            padding = row[2]
+            assert isinstance(padding, str)
+            read[0] += len(padding) + 10
             yield row
 
     for descending in (False, True):

@@ -63,10 +63,10 @@ from sandbox_runtime.mcp.results import (
     call_result,
     tool_listing,
 )
+from sandbox_runtime.mcp.stdio_client import ClientProcess
 from sandbox_runtime.mcp.task_methods import TaskMethods, TaskWork
 from sandbox_runtime.mcp.tasks import TaskServer, TaskStore
 from sandbox_runtime.runtime import Runtime
-from sandbox_runtime.stdio_client import ClientProcess
 from sandbox_runtime.store.folders import validate_conversation_id
 from sandbox_runtime.turns import TurnGate
 
@@ -341,7 +341,7 @@ def _error_result(text: str) -> types.CallToolResult:
 
 
 def _version() -> str:
-    from importlib.metadata import PackageNotFoundError, version  # noqa: PLC0415
+    from importlib.metadata import PackageNotFoundError, version  # noqa: PLC0415  (read once, at start)
 
     try:
         return version("sandbox-runtime")

@@ -1,6 +1,8 @@
-"""The spill pipeline (issue 3): results over the threshold go to files the model addresses by path.
+"""Spill: a tool result over the threshold goes to a file in the results folder, and the model gets its path.
 
-So far: :mod:`~sandbox_runtime.spill.spiller` (one result: threshold, descriptor, MCP unwrapping, preview and
-inline cap, a failed write that never fails the call) and :mod:`~sandbox_runtime.spill.tables` (table
-recognition and the typed table file). Not yet wired into the tools or the API.
+:mod:`~sandbox_runtime.spill.spiller` decides for one result (threshold, descriptor, MCP unwrapping, preview and
+inline cap; a failed write never fails the call); :mod:`~sandbox_runtime.spill.tables` recognises tables and
+writes them as typed line files; :mod:`~sandbox_runtime.spill.budget` is the per-turn budget;
+:mod:`~sandbox_runtime.spill.history` keeps replacements so a rebuilt history is byte-identical;
+:mod:`~sandbox_runtime.spill.retention` removes old spill files.
 """

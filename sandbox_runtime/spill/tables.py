@@ -1,6 +1,6 @@
 """Recognising tables in tool results, and the typed, line-oriented file they are written as.
 
-Shapes recognised (issue 3, item 3): a JSON array of objects; a ``{"columns": [...], "rows": [[...]]}`` object;
+Shapes recognised: a JSON array of objects; a ``{"columns": [...], "rows": [[...]]}`` object;
 CSV and TSV text; Markdown tables; Python-literal lists of dicts (some MCP servers print those; parsed with
 ``ast.literal_eval`` behind size and nesting gates, never ``eval``). Anything else is not a table, and
 :func:`recognise_table` says why, so the caller writes it as JSON or text instead.

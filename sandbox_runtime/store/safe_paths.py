@@ -24,21 +24,31 @@ import ctypes
 import errno
 import io
 import os
-import secrets
-import stat
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager, suppress
 from pathlib import Path
 
 from sandbox_runtime.errors import (
     FileTooLarge,
-    PathExists,
     PathNotFound,
     PathOutsideResults,
     PathRejected,
     UnsafeFileType,
 )
 from sandbox_runtime.store.capped import read_capped
+from sandbox_runtime.store.dir_fd import (
+    APPEND_FLAGS,
+    DIR_FLAGS,
+    DISK_FULL,
+    FILE_FLAGS,
+    KIND_TEXT,
+    UNSAFE_ERRNOS,
+    exists_error,
+    lstat_at,
+    make_temp,
+    refuse_if_not_regular,
+    write_all,
+)
 from sandbox_runtime.store.path_rules import (
     DEFAULT_MOUNT_PATH,
     MAX_NAME_BYTES,
@@ -65,48 +75,6 @@ __all__ = [
 
 PathArg = str | tuple[str, ...]
 
-_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
-_FILE_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY
-_TMP_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
-_APPEND_FLAGS = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY
-_UNSAFE_ERRNOS = frozenset({errno.ELOOP, errno.ENOTDIR, errno.EXDEV, errno.ENXIO, errno.EISDIR})
-
-_KIND_TEXT: dict[EntryKind, str] = {
-    "file": "a regular file",
-    "dir": "a folder",
-    "symlink": "a symbolic link",
-    "fifo": "a FIFO (named pipe)",
-    "socket": "a socket",
-    "char_device": "a character device",
-    "block_device": "a block device",
-    "other": "a special file",
-}
-
-
-def _lstat(parent: int, name: str) -> os.stat_result | None:
-    try:
-        return os.stat(name, dir_fd=parent, follow_symlinks=False)
-    except OSError:
-        return None
-
-
-def _refuse_if_not_regular(parent: int, name: str, shown: str) -> None:
-    """Refuse FIFOs, devices and the like before ``open`` so opening one never has side effects."""
-    st = _lstat(parent, name)
-    if st is None:
-        raise PathNotFound(f"{shown} does not exist in the results folder")
-    if not stat.S_ISREG(st.st_mode):
-        raise UnsafeFileType(f"{shown} is {_KIND_TEXT[entry_kind(st.st_mode)]}; only regular files are read")
-
-
-def _write_all(fd: int, data: bytes | Iterable[bytes]) -> None:
-    for chunk in (data,) if isinstance(data, bytes) else data:
-        view = memoryview(chunk)
-        while view:
-            view = view[os.write(fd, view) :]
-
-
-_DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
 # files only the sandbox user reads: as root the host hands each one to that user (fchown); otherwise they stay
 # the host user's and must stay readable by the sandbox
 PRIVATE_FILE_MODE = 0o600 if os.geteuid() == 0 else 0o644
@@ -173,7 +141,7 @@ class ResultsRoot:
     @contextmanager
     def _dir(self, components: tuple[str, ...], *, create: bool = False) -> Iterator[tuple[int, int]]:
         """Yield ``(fd, root_dev)`` for the folder ``components``, walked without following any link."""
-        fd = os.open(self._host_root, _DIR_FLAGS)
+        fd = os.open(self._host_root, DIR_FLAGS)
         try:
             root_dev = os.fstat(fd).st_dev
             for depth, name in enumerate(components):
@@ -193,11 +161,11 @@ class ResultsRoot:
             except FileExistsError:
                 pass
             except OSError as exc:
-                if exc.errno in _DISK_FULL:
+                if exc.errno in DISK_FULL:
                     raise
                 raise PathRejected(f"cannot create folder {self._shown(here)}: {exc.strerror}") from exc
         try:
-            fd = os.open(name, _DIR_FLAGS, dir_fd=parent)
+            fd = os.open(name, DIR_FLAGS, dir_fd=parent)
         except OSError as exc:
             raise self._open_error(exc, parent, name, here, wanted="a folder") from exc
         try:
@@ -217,10 +185,10 @@ class ResultsRoot:
         shown = self._shown(here)
         if exc.errno == errno.ENOENT:
             return PathNotFound(f"{shown} does not exist in the results folder")
-        st = _lstat(parent, name)
-        if st is not None and exc.errno in _UNSAFE_ERRNOS:
-            return UnsafeFileType(f"{shown} is {_KIND_TEXT[entry_kind(st.st_mode)]}, not {wanted}; refused")
-        if exc.errno in _UNSAFE_ERRNOS:
+        st = lstat_at(parent, name)
+        if st is not None and exc.errno in UNSAFE_ERRNOS:
+            return UnsafeFileType(f"{shown} is {KIND_TEXT[entry_kind(st.st_mode)]}, not {wanted}; refused")
+        if exc.errno in UNSAFE_ERRNOS:
             return UnsafeFileType(f"{shown} is not {wanted} ({exc.strerror}); refused")
         return PathRejected(f"{shown} cannot be opened or created: {exc.strerror}")
 
@@ -229,16 +197,16 @@ class ResultsRoot:
         shown = self._shown(components)
         name = components[-1]
         with self._dir(components[:-1]) as (parent, root_dev):
-            _refuse_if_not_regular(parent, name, shown)
+            refuse_if_not_regular(parent, name, shown)
             try:
-                fd = os.open(name, _FILE_FLAGS, dir_fd=parent)
+                fd = os.open(name, FILE_FLAGS, dir_fd=parent)
             except OSError as exc:
                 raise self._open_error(exc, parent, name, components, wanted="a regular file") from exc
         try:
             st = os.fstat(fd)
             kind = entry_kind(st.st_mode)
             if kind != "file":
-                raise UnsafeFileType(f"{shown} is {_KIND_TEXT[kind]}; only regular files are read")
+                raise UnsafeFileType(f"{shown} is {KIND_TEXT[kind]}; only regular files are read")
             if st.st_dev != root_dev:
                 raise UnsafeFileType(f"{shown} is on another device than the results folder; refused")
             if st.st_nlink == 0:
@@ -331,11 +299,11 @@ class ResultsRoot:
         shown = self._shown(components)
         name = components[-1]
         with self._dir(components[:-1], create=make_parents) as (parent, _dev):
-            tmp, fd = self._make_temp(parent, shown)
+            tmp, fd = make_temp(parent, shown)
             tmp_gone = False  # a rename consumes the temporary name; a link leaves it to remove
             try:
                 try:
-                    _write_all(fd, data)
+                    write_all(fd, data)
                     os.fchmod(fd, mode)
                     self._give(fd)
                     if durable:
@@ -350,14 +318,14 @@ class ResultsRoot:
                         os.link(tmp, name, src_dir_fd=parent, dst_dir_fd=parent, follow_symlinks=False)
                     tmp_gone = replace
                 except FileExistsError as exc:
-                    raise self._exists_error(parent, name, shown) from exc
+                    raise exists_error(parent, name, shown) from exc
                 except OSError as exc:
                     raise self._open_error(exc, parent, name, components, wanted="a file name") from exc
             finally:
                 if not tmp_gone:
                     with suppress(FileNotFoundError):
                         os.unlink(tmp, dir_fd=parent)
-            now = _lstat(parent, name)
+            now = lstat_at(parent, name)
             if now is None or (now.st_dev, now.st_ino) != (written.st_dev, written.st_ino):
                 raise PathRejected(f"{shown} was swapped by the sandbox while it was published")
             if durable:
@@ -375,12 +343,12 @@ class ResultsRoot:
         components = self._components(path, allow_root=False)
         shown = self._shown(components)
         with self._dir(components[:-1], create=True) as (parent, root_dev):
-            if _lstat(parent, components[-1]) is not None:
-                _refuse_if_not_regular(parent, components[-1], shown)
+            if lstat_at(parent, components[-1]) is not None:
+                refuse_if_not_regular(parent, components[-1], shown)
             try:
-                fd = os.open(components[-1], _APPEND_FLAGS, mode & 0o777, dir_fd=parent)
+                fd = os.open(components[-1], APPEND_FLAGS, mode & 0o777, dir_fd=parent)
             except OSError as exc:
-                if exc.errno in _DISK_FULL:
+                if exc.errno in DISK_FULL:
                     raise
                 raise self._open_error(exc, parent, components[-1], components, wanted="a regular file") from exc
             try:
@@ -391,7 +359,7 @@ class ResultsRoot:
                     raise FileTooLarge(f"{shown} would grow past its cap of {max_bytes} bytes")
                 if st.st_size == 0:
                     self._give(fd)
-                _write_all(fd, data)
+                write_all(fd, data)
                 if durable:
                     os.fsync(fd)
             finally:
@@ -400,7 +368,7 @@ class ResultsRoot:
 
     def sync(self) -> None:
         """Make every earlier non-durable write below the root durable: one ``syncfs`` of its filesystem."""
-        fd = os.open(self._host_root, _DIR_FLAGS)
+        fd = os.open(self._host_root, DIR_FLAGS)
         try:
             if _LIBC.syncfs(fd) != 0:
                 code = ctypes.get_errno()
@@ -412,26 +380,6 @@ class ResultsRoot:
         if self._owner is not None:
             with suppress(PermissionError):  # not root: the files stay the host user's
                 os.fchown(fd, *self._owner)
-
-    def _make_temp(self, parent: int, shown: str) -> tuple[str, int]:
-        for _attempt in range(8):
-            tmp = f".sandbox-runtime-{secrets.token_hex(8)}.tmp"
-            try:
-                return tmp, os.open(tmp, _TMP_FLAGS, 0o600, dir_fd=parent)
-            except FileExistsError:
-                continue
-            except OSError as exc:
-                if exc.errno in _DISK_FULL:
-                    raise  # the quota is reached: callers tell that apart from a refused path
-                raise PathRejected(f"cannot create a temporary file next to {shown}: {exc.strerror}") from exc
-        raise PathRejected(f"cannot create a temporary file next to {shown}: every random name was taken")
-
-    def _exists_error(self, parent: int, name: str, shown: str) -> PathRejected:
-        st = _lstat(parent, name)
-        kind = entry_kind(st.st_mode) if st is not None else "other"
-        if kind == "file":
-            return PathExists(f"{shown} already exists; choose another name")
-        return UnsafeFileType(f"{shown} already exists as {_KIND_TEXT[kind]}; refusing to write there")
 
     # ------------------------------------------------------------------------------------ walking
     def list_dir(self, path: PathArg, *, max_entries: int) -> list[Entry]:

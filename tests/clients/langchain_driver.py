@@ -15,9 +15,11 @@ import json
 import sys
 from typing import Any
 
-# only installed in .venv-langchain (type-check this file with --python-executable .venv-langchain/bin/python)
-from langchain_core.messages import ToolMessage  # type: ignore[import-not-found, unused-ignore]
-from langchain_mcp_adapters.client import MultiServerMCPClient  # type: ignore[import-not-found, unused-ignore]
+# only installed in .venv-langchain: the project's mypy settings take both as missing elsewhere (type-check this
+# file against them with --python-executable .venv-langchain/bin/python)
+from langchain_core.messages import ToolMessage
+from langchain_mcp_adapters.client import MultiServerMCPClient
+from langchain_mcp_adapters.sessions import Connection
 
 from tests.clients.walk import ScriptedModel
 
@@ -35,8 +37,8 @@ def _text(content: Any) -> str:
     return "\n".join(parts)
 
 
-async def walk(connection: dict[str, Any], timeout_s: float) -> dict[str, Any]:
-    client = MultiServerMCPClient({"sandbox-runtime": connection})  # type: ignore[dict-item, unused-ignore]
+async def walk(connection: Connection, timeout_s: float) -> dict[str, Any]:
+    client = MultiServerMCPClient({"sandbox-runtime": connection})
     tools = {tool.name: tool for tool in await asyncio.wait_for(client.get_tools(), timeout_s)}
     model = ScriptedModel()
     while (call := model.next_call()) is not None:

@@ -30,7 +30,7 @@ def write_helpers() -> None:
 def main() -> None:
     write_helpers()
     sys.path.insert(0, str(HERE))
-    from invoice_helpers.totals import invoice_total  # noqa: PLC0415  the module exists only now
+    from invoice_helpers.totals import invoice_total  # noqa: PLC0415  (the module exists only now)
 
     lines = [{"quantity": 3, "unit_price": 9.99}, {"quantity": 1, "unit_price": 120.0}]
     print(invoice_total(lines, {"vat": 0.21}))

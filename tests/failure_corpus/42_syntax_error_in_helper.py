@@ -14,7 +14,7 @@ HELPER_SOURCE = 'def axis_title(unit):\n    return "Revenue (" + unit + ")\n'
 def main() -> None:
     (HERE / "chart_helpers.py").write_text(HELPER_SOURCE, encoding="utf-8")
     sys.path.insert(0, str(HERE))
-    import chart_helpers  # noqa: PLC0415  the module exists only now
+    import chart_helpers  # noqa: PLC0415  (the module exists only now)
 
     print(chart_helpers.axis_title("EUR"))
 

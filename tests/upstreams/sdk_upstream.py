@@ -83,7 +83,7 @@ def frames(count: int) -> Frames:
 @server.tool()
 def frame_list(count: int) -> list[Frame]:
     """`count` frames as a list of records (the SDK wraps it in {"result": ...})."""
-    return [Frame(id=i, library=library, size_kb=size) for i, library, size in frame_rows(count)]  # type: ignore[arg-type]
+    return [Frame(id=i, library=library, size_kb=size) for i, library, size in frame_rows(count)]
 
 
 @server.tool()

@@ -137,7 +137,7 @@ def _still_known(state_dir: Path, conversation_id: str) -> bool:
     database = state_dir / "state.sqlite3"
     if not database.is_file():
         return False
-    from sandbox_runtime.state import StateDB  # noqa: PLC0415
+    from sandbox_runtime.state import StateDB  # noqa: PLC0415  (the client's own start stays light)
 
     state = StateDB(database)
     try:
