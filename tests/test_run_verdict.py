@@ -335,6 +335,28 @@ def test_a_line_like_gvisors_sandbox_lost_is_the_scripts_own_and_keeps_the_sandb
     assert _container(conversation) == container
 
 
+@pytest.mark.parametrize("stream", ["stdout", "stderr"])
+def test_a_script_that_prints_the_runtimes_exec_failure_and_exits_126_ran_once_and_keeps_the_sandbox(
+    conversation: Conversation, stream: str
+) -> None:
+    container = _container(conversation)
+    marks = conversation.folders.results / f"ran-{stream}.txt"
+    marks.unlink(missing_ok=True)
+    result = _run(
+        conversation,
+        f"""
+        import sys
+        with open({str(marks).replace(str(conversation.folders.results), "/mnt/results")!r}, "a") as out:
+            out.write("ran ")
+        sys.{stream}.write("OCI runtime exec failed: exec failed: unable to start container process\\n")
+        raise SystemExit(126)
+        """,
+    )
+    assert (result.status, result.exit_code) == ("error", 126), result
+    assert marks.read_text() == "ran "  # taken for a sandbox that never started it, it would have run twice
+    assert _container(conversation) == container
+
+
 def test_the_runner_is_out_of_the_scripts_reach(conversation: Conversation) -> None:
     result = _run(
         conversation,

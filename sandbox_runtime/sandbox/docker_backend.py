@@ -253,16 +253,17 @@ class DockerBackend(SandboxBackend):
         if control is not None and control.is_cancelled:
             return not_started()  # cancelled before it began: nothing runs
         frames, exit_code, watch = self._run(container_id, request, control, started)
-        said = bytes(frames.stdout + frames.stderr)
-        if exit_code == _RUNTIME_FAILURE_EXIT and said.startswith(b"OCI runtime exec failed"):
-            # the exec never started: the sandbox had ended since its last use (gVisor keeps it "running")
-            raise SandboxGone(f"sandbox {container_id[:12]} has stopped: {said[:300].decode(errors='replace')}")
         # the command ended the way the OCI runtime ends things (the container's first process went, no exit code,
         # or a runtime's code): the engine, not the command's output, says whether the sandbox still works
         abrupt = frames.stop == "died" or (
             frames.stop == "eof" and (exit_code is None or exit_code >= _RUNTIME_FAILURE_EXIT)
         )
         died = abrupt and not self._still_serves(container_id, request.user, watch)
+        said = bytes(frames.stdout + frames.stderr)
+        if died and exit_code == _RUNTIME_FAILURE_EXIT and said.startswith(b"OCI runtime exec failed"):
+            # the exec never started: the sandbox had ended since its last use (gVisor keeps it "running"); the
+            # words alone prove nothing (a script may print them), the failed probe does
+            raise SandboxGone(f"sandbox {container_id[:12]} has stopped: {said[:300].decode(errors='replace')}")
         return ExecResult(
             exit_code=exit_code,
             stdout=bytes(frames.stdout),
