@@ -1,7 +1,6 @@
 """sandbox-runtime: hardened per-conversation sandboxes and a data path that bypasses model output."""
 
 from sandbox_runtime.approval import ApprovalRequest
-from sandbox_runtime.calls import HostResult, ToolCall, ToolOutcome, TurnReport
 from sandbox_runtime.control import CallControl
 from sandbox_runtime.errors import (
     BadTableFile,
@@ -33,10 +32,19 @@ from sandbox_runtime.errors import (
     UnsafeFileType,
     UpstreamError,
 )
+from sandbox_runtime.models import (
+    Attachment,
+    CallRecord,
+    HostResult,
+    ResultDescriptor,
+    SavedResult,
+    ToolCall,
+    ToolOutcome,
+    TurnReport,
+)
 from sandbox_runtime.policy import Policy, load_policy
-from sandbox_runtime.records import Attachment, CallRecord
-from sandbox_runtime.runtime import Conversation, Runtime, SavedResult
-from sandbox_runtime.spill.spiller import ResultDescriptor
+from sandbox_runtime.runtime import Conversation, Runtime
+from sandbox_runtime.sandbox.fake_backend import FakeBackend
 from sandbox_runtime.spill.streamed import TableStream
 from sandbox_runtime.tools.host import HostCall
 from sandbox_runtime.tools.run_python import RunPythonResult
@@ -51,6 +59,7 @@ __all__ = [
     "ConversationDeleted",
     "EngineLost",
     "EngineUnavailable",
+    "FakeBackend",
     "FileTooLarge",
     "HostCall",
     "HostResult",

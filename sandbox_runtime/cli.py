@@ -181,7 +181,7 @@ def _ls_conversation(runtime: Runtime, args: argparse.Namespace) -> int:
     for c in calls:
         tool = c.tool if c.tool == c.target else f"{c.tool} → {c.target}"
         sizes = f"{len(c.arguments or ''):,}" + (f" / {len(c.expanded):,}" if c.expanded is not None else "")
-        path = json.loads(c.descriptor)["path"] if c.descriptor else (c.error_path or "-")
+        path = c.descriptor.path if c.descriptor else (c.error_path or "-")
         table.append([c.call_id, tool, c.status, f"{c.finished_at - c.started_at:.2f}", sizes, path])
     header = ["call", "tool", "status", "seconds", "argument chars (short / expanded)", "result file"]
     print(_table(table, header) if table else "no calls")

@@ -13,35 +13,29 @@ import contextlib
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
-from pydantic import BaseModel, ConfigDict
-
-from sandbox_runtime.calls import HostResult, ToolCall, ToolOutcome, TurnReport
 from sandbox_runtime.control import CallControl
 from sandbox_runtime.errors import ConversationDeleted
-from sandbox_runtime.records import Attachment, CallRecord, StoredResult
+from sandbox_runtime.models import (
+    Attachment,
+    CallRecord,
+    HostResult,
+    SavedResult,
+    SpillMode,
+    StoredResult,
+    ToolCall,
+    ToolOutcome,
+    TurnReport,
+)
 from sandbox_runtime.sandbox.records import Sandbox
 from sandbox_runtime.spill.history import HistoryRebuild, rebuild_history
-from sandbox_runtime.spill.spiller import ResultDescriptor
 from sandbox_runtime.store.folders import ConversationFolders, validate_conversation_id
 from sandbox_runtime.store.quota import QuotaUsage
-from sandbox_runtime.tools.base import SpillMode
 from sandbox_runtime.tools.run_python import RunPythonArgs, RunPythonResult, run_python
 
 if TYPE_CHECKING:
     from sandbox_runtime.runtime import Runtime
 
-__all__ = ["Conversation", "SavedResult"]
-
-
-class SavedResult(BaseModel):
-    """A result that was saved to a file: which call made it, when, and the file's descriptor."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    call_id: str
-    tool: str
-    decided_at: float
-    descriptor: ResultDescriptor
+__all__ = ["Conversation"]
 
 
 class Conversation:
@@ -90,13 +84,13 @@ class Conversation:
     def sandbox(self) -> Sandbox:
         """The running sandbox, started (or re-attached) when needed."""
         with self._live():
-            return self.runtime.manager.get_or_create(self.id)
+            return self.runtime.conversations.sandbox(self.id)
 
     @property
     def folders(self) -> ConversationFolders:
         """Where the conversation's files are on the host (made and mounted when needed)."""
         with self._live():
-            return self.runtime.manager.folders(self.id)
+            return self.runtime.conversations.folders(self.id)
 
     def run_python(
         self,
@@ -114,12 +108,12 @@ class Conversation:
             "timeout_s": timeout_s,
         }
         with self._live():
-            return run_python(self.runtime.manager, self.id, raw)
+            return run_python(self.runtime.conversations.handle(self.id), raw)
 
     def call_run_python(self, arguments: RunPythonArgs | dict[str, object]) -> RunPythonResult:
         """Run with arguments exactly as a model sent them (validated against the tool schema)."""
         with self._live():
-            return run_python(self.runtime.manager, self.id, arguments)
+            return run_python(self.runtime.conversations.handle(self.id), arguments)
 
     def call(
         self,
@@ -191,7 +185,7 @@ class Conversation:
                 call_id=d.call_id,
                 tool=d.tool,
                 decided_at=d.decided_at,
-                descriptor=ResultDescriptor.model_validate_json(d.descriptor),
+                descriptor=d.descriptor,
             )
             for d in decided.values()
             if d.descriptor is not None
@@ -205,8 +199,8 @@ class Conversation:
     def usage(self) -> QuotaUsage:
         """Bytes used in the results folder against the conversation's quota (a look: a volume mounted for it
         is released again when nothing else uses the conversation)."""
-        with self._live(), self.runtime.manager.borrowed(self.id) as folders:
-            return self.runtime.store.usage(folders)
+        with self._live():
+            return self.runtime.conversations.usage(self.id)
 
     def close(self) -> bool:
         """End the sandbox and release the quota volume (unmounted until the next use; not while another live
@@ -214,19 +208,14 @@ class Conversation:
         nothing, when the conversation was deleted."""
         if self._gone():
             return False
-        return self.runtime.manager.close(self.id)
+        return self.runtime.conversations.close(self.id)
 
     def delete(self) -> None:
         """End the sandbox and delete every file of the conversation (results, outputs, quota volume). Deleting
         a deleted conversation does nothing (a conversation made since under the same id stays)."""
-        manager = self.runtime.manager
-        with manager.lock(self.id):
+        conversations = self.runtime.conversations
+        with conversations.lock(self.id):
             if self._gone():
                 return
-            manager.close(self.id)
-            record = self.runtime.state.conversation(self.id)
-            if record is not None:
-                mode = record.quota_mode
-                self.runtime.store.delete(self.runtime.store.folders(self.id, quota_mode=mode))  # type: ignore[arg-type]
-                self.runtime.state.forget_conversation(self.id)
+            conversations.delete(self.id)
             self._deleted = True

@@ -32,19 +32,18 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from sandbox_runtime.approval import Approver
-from sandbox_runtime.calls import HostResult, ToolCall, ToolOutcome, TurnReport
 from sandbox_runtime.control import CallControl
-from sandbox_runtime.dispatch_results import Pending, outcome, replayed, to_stored
+from sandbox_runtime.dispatch_results import Pending, outcome, to_stored
 from sandbox_runtime.errors import InvalidToolArguments
 from sandbox_runtime.execution import CallRunner, Ran, internal_error, is_infrastructure
+from sandbox_runtime.models import CallRecord, HostResult, SpillMode, StoredResult, ToolCall, ToolOutcome, TurnReport
 from sandbox_runtime.policy import Policy
-from sandbox_runtime.records import CallRecord, StoredResult
 from sandbox_runtime.spill.budget import BudgetCandidate, BudgetDecision, plan_turn_budget
 from sandbox_runtime.spill.failures import spill_error
 from sandbox_runtime.spill.spiller import result_text, spill_result
 from sandbox_runtime.spill.streamed import TableStream
 from sandbox_runtime.state import StateDB
-from sandbox_runtime.tools.base import SpillMode, ToolContext, ToolSpec
+from sandbox_runtime.tools.base import ToolContext, ToolSpec
 
 __all__ = ["Dispatcher", "HostResult", "PreparedCall", "ToolCall", "ToolOutcome", "TurnReport"]
 
@@ -169,9 +168,9 @@ class Dispatcher:
         outcomes = []
         for call_id in ids:
             if call_id in pending and kept[call_id].text == pending[call_id].text():
-                outcomes.append(outcome(pending[call_id]))
+                outcomes.append(outcome(kept[call_id], pending[call_id]))
             else:
-                outcomes.append(replayed(stored.get(call_id) or kept[call_id]))
+                outcomes.append(outcome(stored.get(call_id) or kept[call_id]))
         return TurnReport(
             turn_id=turn_id,
             outcomes=outcomes,
@@ -236,9 +235,15 @@ class Dispatcher:
         self, conversation_id: str, turn_id: str, item: ToolCall | HostResult, ran: Ran, pending: Pending
     ) -> CallRecord:
         arguments = item.arguments if isinstance(item, ToolCall) else None
-        descriptor = None if pending.descriptor is None else pending.descriptor.model_dump_json()
         return self.runner.record(
-            conversation_id, turn_id, item.call_id or "", item.tool, arguments, ran, descriptor, pending.error_path
+            conversation_id,
+            turn_id,
+            item.call_id or "",
+            item.tool,
+            arguments,
+            ran,
+            pending.descriptor,
+            pending.error_path,
         )
 
     # ------------------------------------------------------------------------------------------ spill

@@ -1,19 +1,16 @@
-"""What a call of the pipeline becomes between its run and its decision, and the outcomes the caller gets: a
-new result (:class:`Pending`: its body, the stand-in the turn budget may show instead, its files), the decision
-stored for it, and a replayed one."""
+"""What a call of the pipeline becomes between its run and its decision (:class:`Pending`: its body, the stand-in
+the turn budget may show instead, its files), the decision stored for it (:func:`to_stored`), and the outcome the
+caller gets, always built from the stored decision (:func:`outcome`): a new one adds what is never replayed."""
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from sandbox_runtime.calls import ToolOutcome
-from sandbox_runtime.records import StoredResult
-from sandbox_runtime.spill.spiller import ResultDescriptor
+from sandbox_runtime.models import ResultDescriptor, StoredResult, ToolOutcome
 
-__all__ = ["Pending", "outcome", "replayed", "to_stored"]
+__all__ = ["Pending", "outcome", "to_stored"]
 
 
 class Pending(BaseModel):
@@ -51,7 +48,7 @@ def to_stored(conversation_id: str, turn_id: str, now: float, p: Pending) -> Sto
         is_error=p.is_error,
         replaced=_shows_stand_in(p),
         text=p.text(),
-        descriptor=None if p.descriptor is None else p.descriptor.model_dump_json(),
+        descriptor=p.descriptor,
         error_path=p.error_path,
     )
 
@@ -60,31 +57,26 @@ def _shows_stand_in(p: Pending) -> bool:
     return p.replaced or bool(p.descriptor and p.descriptor.truncated_inline)
 
 
-def outcome(p: Pending) -> ToolOutcome:
+def outcome(stored: StoredResult, fresh: Pending | None = None) -> ToolOutcome:
+    """The outcome of a stored decision; ``fresh``: the new result it was made from, whose warnings, details and
+    MCP extras (never replayed) come along. Without it the decision is a replay."""
+    extras: dict[str, Any] = {}
+    if fresh is not None:
+        extras = {
+            "warnings": fresh.warnings,
+            "details": fresh.details,
+            "blocks": fresh.blocks,
+            "annotations": fresh.annotations,
+            "structured": fresh.structured,
+        }
     return ToolOutcome(
-        call_id=p.call_id,
-        tool=p.tool,
-        is_error=p.is_error,
-        text=p.text(),
-        descriptor=p.descriptor,
-        error_path=p.error_path,
-        replaced=_shows_stand_in(p),
-        warnings=p.warnings,
-        details=p.details,
-        blocks=p.blocks,
-        annotations=p.annotations,
-        structured=p.structured,
-    )
-
-
-def replayed(s: StoredResult) -> ToolOutcome:
-    return ToolOutcome(
-        call_id=s.call_id,
-        tool=s.tool,
-        is_error=s.is_error,
-        text=s.text,
-        descriptor=None if s.descriptor is None else ResultDescriptor.model_validate(json.loads(s.descriptor)),
-        error_path=s.error_path,
-        replaced=s.replaced,
-        replayed=True,
+        call_id=stored.call_id,
+        tool=stored.tool,
+        is_error=stored.is_error,
+        text=stored.text,
+        descriptor=stored.descriptor,
+        error_path=stored.error_path,
+        replaced=stored.replaced,
+        replayed=fresh is None,
+        **extras,
     )

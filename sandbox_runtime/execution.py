@@ -40,8 +40,8 @@ from sandbox_runtime.errors import (
     UnknownTool,
     UpstreamError,
 )
+from sandbox_runtime.models import CallRecord, ResultDescriptor
 from sandbox_runtime.policy import Policy
-from sandbox_runtime.records import CallRecord
 from sandbox_runtime.spill.spiller import is_mcp_error, result_text
 from sandbox_runtime.tools.base import ToolContext, ToolReturn, ToolSpec, expired_or, validate_arguments
 from sandbox_runtime.tools.delegate import DelegateCallArgs, expand_delegate_call
@@ -199,10 +199,10 @@ class CallRunner:
         tool: str,
         arguments: dict[str, Any] | None,
         ran: Ran,
-        descriptor: str | None,
+        descriptor: ResultDescriptor | None,
         error_path: str | None,
     ) -> CallRecord:
-        """The execution record of one call, with its result's descriptor (JSON) and error file."""
+        """The execution record of one call, with its result's descriptor and error file."""
         cap = self.policy.tools.record_args_max_bytes
         short, short_cut = _capped_json(arguments, cap)
         expanded, expanded_cut = _capped_json(ran.expanded, cap)

@@ -37,21 +37,23 @@ from types import TracebackType
 from typing import Any, Literal
 
 from sandbox_runtime.approval import Approver
-from sandbox_runtime.conversation import Conversation, SavedResult
+from sandbox_runtime.conversation import Conversation
+from sandbox_runtime.conversations.service import ConversationService
 from sandbox_runtime.dispatch import Dispatcher
 from sandbox_runtime.errors import ToolNameTaken
+from sandbox_runtime.models import SpillMode
 from sandbox_runtime.policy import Policy, load_policy
 from sandbox_runtime.sandbox.backend import SandboxBackend
-from sandbox_runtime.sandbox.manager import Removal, SandboxManager
+from sandbox_runtime.sandbox.records import Removal
 from sandbox_runtime.sandbox.selfcheck import SelfCheckReport
 from sandbox_runtime.spill.retention import RetentionReport, expire_results
 from sandbox_runtime.state import StateDB
 from sandbox_runtime.store.folders import ConversationStore
-from sandbox_runtime.tools.base import SpillMode, ToolContext, ToolSpec
+from sandbox_runtime.tools.base import ToolContext, ToolSpec
 from sandbox_runtime.tools.builtin import builtin_tools
 from sandbox_runtime.tools.host import host_tool
 
-__all__ = ["Conversation", "Runtime", "SavedResult", "default_state_dir"]
+__all__ = ["Conversation", "Runtime", "default_state_dir"]
 
 logger = logging.getLogger(__name__)
 
@@ -108,9 +110,10 @@ class Runtime:
 
                 image = self.policy.sandbox.image or executor_image_tag()
             self.store = ConversationStore(self.state_dir, self.policy)
-            self.manager = SandboxManager(
+            self.conversations = ConversationService(
                 backend, self.policy, self.store, self.state, image, extra_labels=extra_labels
             )
+            self.manager = self.conversations.manager  # the containers
         except BaseException:
             self.state.close()
             raise
@@ -123,13 +126,13 @@ class Runtime:
         self._closed = False
         if sweep_on_start:
             try:
-                self.manager.sweep_orphans()
+                self.conversations.sweep()
             except BaseException:
                 self.manager.end_lease()  # no runtime came of it: nothing of this process holds anything
                 self.state.close()
                 raise
         if reap_interval_s is not None:
-            self._every(reap_interval_s, "reaper", self.manager.reap)
+            self._every(reap_interval_s, "reaper", self.conversations.reap)
         if retention_interval_s == "policy":
             retention_interval_s = self.policy.spill.retention_interval_s
         if retention_interval_s is not None:
@@ -148,9 +151,9 @@ class Runtime:
         self._threads.append(thread)
 
     def _tool_context(self, conversation_id: str) -> ToolContext:
-        folders = self.manager.folders(conversation_id)
+        folders = self.conversations.folders(conversation_id)
         return ToolContext(
-            manager=self.manager,
+            sandbox=self.conversations.handle(conversation_id, folders),
             conversation_id=conversation_id,
             root=self.store.results_root(folders),
             outputs=folders.outputs,
@@ -224,17 +227,17 @@ class Runtime:
     def gc(self) -> list[Removal]:
         """Remove orphaned, idle and expired sandboxes now (never one another live runtime holds), and release
         the quota volumes no sandbox and no live runtime uses."""
-        return self.manager.sweep_orphans()
+        return self.conversations.sweep()
 
     def expire_files(self, now: float | None = None) -> list[RetentionReport]:
         """Remove every conversation's spill, error and argument files older than ``spill.retention_s``."""
         moment = time.time() if now is None else now
         reports = []
         for record in self.state.conversations():
-            with self.manager.lock(record.id):
+            with self.conversations.lock(record.id):
                 if self.state.conversation(record.id) is None:
                     continue  # deleted meanwhile: never make its folders again
-                with self.manager.borrowed(record.id) as folders:  # mounted for the sweep only, when unused
+                with self.conversations.borrowed(record.id) as folders:  # mounted for the sweep only, when unused
                     reports.append(
                         expire_results(
                             self.state,

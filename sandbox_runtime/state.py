@@ -24,14 +24,8 @@ from pathlib import Path
 
 from sandbox_runtime.errors import ConversationDeleted, StateUnavailable
 from sandbox_runtime.leases import Leases
-from sandbox_runtime.records import (
-    Attachment,
-    CallRecord,
-    ConversationRecord,
-    ExpiredFile,
-    SandboxRecord,
-    StoredResult,
-)
+from sandbox_runtime.models import Attachment, CallRecord, ResultDescriptor, StoredResult
+from sandbox_runtime.records import ConversationRecord, ExpiredFile, SandboxRecord
 from sandbox_runtime.state_schema import SCHEMA_VERSION, migrate
 
 __all__ = ["SCHEMA_VERSION", "STATE_PATH_MAX_BYTES", "StateDB"]
@@ -44,9 +38,18 @@ def _text_blob(text: str) -> bytes:
     return text.encode("utf-8", "surrogatepass")
 
 
+def _descriptor_json(descriptor: ResultDescriptor | None) -> str | None:
+    return None if descriptor is None else descriptor.model_dump_json()
+
+
+def _descriptor(text: str | None) -> ResultDescriptor | None:
+    return None if text is None else ResultDescriptor.model_validate_json(text)
+
+
 def _stored(row: sqlite3.Row) -> StoredResult:
     fields = dict(row)
     fields["text"] = bytes(fields["text"]).decode("utf-8", "surrogatepass")
+    fields["descriptor"] = _descriptor(fields["descriptor"])
     return StoredResult(**fields)
 
 
@@ -171,6 +174,9 @@ class StateDB:
         row = self._connect().execute("SELECT * FROM conversations WHERE id = ?", (conversation_id,)).fetchone()
         return None if row is None else ConversationRecord(**dict(row))
 
+    def knows_conversation(self, conversation_id: str) -> bool:
+        return self.conversation(conversation_id) is not None
+
     def conversations(self) -> list[ConversationRecord]:
         rows = self._connect().execute("SELECT * FROM conversations ORDER BY created_at").fetchall()
         return [ConversationRecord(**dict(row)) for row in rows]
@@ -252,7 +258,7 @@ class StateDB:
                         None if c.expanded is None else _text_blob(c.expanded),
                         c.arguments_sha256,
                         int(c.arguments_cut),
-                        c.descriptor,
+                        _descriptor_json(c.descriptor),
                         c.error_path,
                     ),
                 )
@@ -269,7 +275,7 @@ class StateDB:
                         int(r.is_error),
                         int(r.replaced),
                         _text_blob(r.text),
-                        r.descriptor,
+                        _descriptor_json(r.descriptor),
                         r.error_path,
                     ),
                 )
@@ -313,6 +319,7 @@ class StateDB:
             for key in ("arguments", "expanded"):
                 if fields[key] is not None:
                     fields[key] = bytes(fields[key]).decode("utf-8", "surrogatepass")
+            fields["descriptor"] = _descriptor(fields["descriptor"])
             records.append(CallRecord(**fields))
         return records
 

@@ -3,6 +3,11 @@
 Every container a test makes carries ``io.sandbox-runtime.test=<this session>``; the session removes them all
 at the end, even when a test failed. Without an engine the Docker tests are skipped, except when ``CI`` is set:
 then they fail, so CI can never pass without running them.
+
+Tests that never start a container use ``fake_runtime_factory`` (the shipped
+:class:`~sandbox_runtime.sandbox.fake_backend.FakeBackend`: no engine at all). Every test that needs the engine
+is marked ``docker`` here, so ``pytest -m "not docker"`` is the part that runs without one
+(``tests/test_without_an_engine.py`` runs it so, with the engine out of reach).
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ from sandbox_runtime.errors import EngineUnavailable
 from sandbox_runtime.policy import Policy, load_policy
 from sandbox_runtime.runtime import Runtime
 from sandbox_runtime.sandbox.docker_backend import DockerBackend
+from sandbox_runtime.sandbox.fake_backend import FakeBackend
 from sandbox_runtime.sandbox.image import build_executor_image, executor_image_tag
 from sandbox_runtime.sandbox.profile import LABEL_RUNTIME
 from sandbox_runtime.store.quota import QuotaMode
@@ -27,6 +33,13 @@ from sandbox_runtime.store.safe_paths import ResultsRoot
 TEST_LABEL = "io.sandbox-runtime.test"
 SESSION = uuid.uuid4().hex[:12]
 RuntimeFactory = Callable[..., Runtime]
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark every test that uses the Docker engine (through any fixture) ``docker``."""
+    for item in items:
+        if "docker_backend" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.docker)
 
 
 def _runsc_installed(backend: DockerBackend) -> bool:
@@ -60,10 +73,11 @@ def executor_image(docker_backend: DockerBackend) -> str:
 
 
 @pytest.fixture
-def runtime_factory(
+def docker_runtime_factory(
     docker_backend: DockerBackend, executor_image: str, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[RuntimeFactory]:
-    """Make runtimes on fresh state directories; every conversation they made is deleted afterwards."""
+    """Make runtimes on the Docker engine on fresh state directories; every conversation they made is deleted
+    afterwards."""
     made: list[Runtime] = []
 
     def make(policy: Policy | str = "default", state_dir: Path | None = None, **kwargs: Any) -> Runtime:
@@ -84,15 +98,49 @@ def runtime_factory(
 
     yield make
     for runtime in made:
-        for record in runtime.state.conversations():
-            runtime.conversation(record.id).delete()
-        # folders of conversations the state no longer knows (a test may forget one on purpose)
-        for folder in sorted((runtime.state_dir / "conversations").glob("*")):
-            mode: QuotaMode = "loop" if os.path.ismount(folder / "results") else "measured"
-            runtime.store.delete(runtime.store.folders(folder.name, quota_mode=mode))
-        runtime.close()
+        _delete_everything(runtime)
     for info in docker_backend.list_containers({TEST_LABEL: SESSION, LABEL_RUNTIME: "1"}):
         docker_backend.remove(info.id)
+
+
+def _delete_everything(runtime: Runtime) -> None:
+    """Delete every conversation of the runtime (sandboxes, mounts, files), then close it."""
+    for record in runtime.state.conversations():
+        runtime.conversation(record.id).delete()
+    # folders of conversations the state no longer knows (a test may forget one on purpose)
+    for folder in sorted((runtime.state_dir / "conversations").glob("*")):
+        mode: QuotaMode = "loop" if os.path.ismount(folder / "results") else "measured"
+        runtime.store.delete(runtime.store.folders(folder.name, quota_mode=mode))
+    runtime.close()
+
+
+@pytest.fixture
+def fake_runtime_factory(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RuntimeFactory]:
+    """Make runtimes on the fake backend (no engine; one backend for the test, so a second runtime re-attaches
+    what the first started); every conversation they made is deleted afterwards."""
+    backend = FakeBackend()
+    made: list[Runtime] = []
+
+    def make(policy: Policy | str = "default", state_dir: Path | None = None, **kwargs: Any) -> Runtime:
+        options: dict[str, Any] = {"reap_interval_s": None, "retention_interval_s": None, **kwargs}
+        runtime = Runtime(
+            state_dir or tmp_path_factory.mktemp("state"), policy, backend=backend, image="fake", **options
+        )
+        made.append(runtime)
+        return runtime
+
+    yield make
+    for runtime in made:
+        _delete_everything(runtime)
+    for info in backend.list_containers({}):
+        backend.remove(info.id)
+
+
+@pytest.fixture
+def runtime_factory(docker_runtime_factory: RuntimeFactory) -> RuntimeFactory:
+    """The runtimes a test gets: on Docker (a module whose tests start no sandbox overrides this with
+    ``fake_runtime_factory``)."""
+    return docker_runtime_factory
 
 
 @pytest.fixture
@@ -115,16 +163,21 @@ def root(results: Path) -> ResultsRoot:
     return ResultsRoot(results)
 
 
-@pytest.fixture(scope="session", params=["runc", "runsc"])
-def containment_policy(request: pytest.FixtureRequest, docker_backend: DockerBackend) -> Policy:
-    """The default policy under runc, and under runsc where installed (required when CI is set)."""
-    if request.param == "runc":
+def policy_under(runtime: str, docker_backend: DockerBackend) -> Policy:
+    """The default policy under runc, or under runsc where installed (required when CI is set)."""
+    if runtime == "runc":
         return load_policy("default")
     if not _runsc_installed(docker_backend):
         if os.environ.get("CI"):
             pytest.fail("CI is set but runsc (gVisor) is not registered with the engine")
         pytest.skip("runsc (gVisor) is not registered with the Docker engine")
     return load_policy("gvisor")
+
+
+@pytest.fixture(scope="session", params=["runc", "runsc"])
+def containment_policy(request: pytest.FixtureRequest, docker_backend: DockerBackend) -> Policy:
+    """The default policy under runc, and under runsc where installed (required when CI is set)."""
+    return policy_under(request.param, docker_backend)
 
 
 @pytest.fixture

@@ -21,11 +21,10 @@ from pathlib import Path
 
 import pytest
 
-from sandbox_runtime.calls import HostResult, ToolCall
 from sandbox_runtime.errors import OutputsFull, ToolFailure, UnsafeFileType
 from sandbox_runtime.mcp.resources import attachment_uri, read_resource
+from sandbox_runtime.models import Attachment, HostResult, ToolCall
 from sandbox_runtime.policy import load_policy
-from sandbox_runtime.records import Attachment
 from sandbox_runtime.store.outputs import AttachmentStore, OutputsLimits
 from sandbox_runtime.store.safe_paths import ResultsRoot
 from sandbox_runtime.tools.attach import AttachFileArgs, attach_file

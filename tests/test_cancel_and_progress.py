@@ -21,8 +21,8 @@ from typing import Any
 
 import pytest
 
-from sandbox_runtime.calls import ToolCall
 from sandbox_runtime.control import CallControl
+from sandbox_runtime.models import ToolCall
 from sandbox_runtime.policy import Policy
 from sandbox_runtime.runtime import Conversation, Runtime
 from sandbox_runtime.tools.run_python import RunPythonResult, run_python
@@ -108,7 +108,7 @@ def _start_long_run(
     """Start the long run with its daemon on the worker, and wait (bounded) until it is under way."""
     sandbox_folder, host_folder = _run_folder(conversation)
     arguments: dict[str, object] = {"code": LONG_RUN_WITH_A_DAEMON, "args": [sandbox_folder], "timeout_s": 120}
-    future = worker.submit(run_python, runtime.manager, conversation.id, arguments, control=control)
+    future = worker.submit(run_python, runtime.conversations.handle(conversation.id), arguments, control=control)
     started = _wait_for(lambda: (host_folder / "started").exists() or future.done(), WAIT_FOR_START_S)
     assert not future.done(), future.result()
     assert started, "the run never got under way"
@@ -179,8 +179,7 @@ def test_a_run_cancelled_before_it_starts_runs_nothing(runtime: Runtime) -> None
     control.cancel()
 
     result = run_python(
-        runtime.manager,
-        conversation.id,
+        runtime.conversations.handle(conversation.id),
         {"code": f"open('{sandbox_folder}', 'w').close()\nprint('ran')"},
         control=control,
     )
@@ -229,8 +228,7 @@ def test_a_call_waiting_for_its_conversation_gives_up_when_cancelled_and_never_r
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="test-waiting") as second_worker:
         waiting = second_worker.submit(
             run_python,
-            runtime.manager,
-            conversation.id,
+            runtime.conversations.handle(conversation.id),
             {"code": f"open('{sandbox_folder}', 'w').close()"},
             control=waiting_control,
         )
@@ -256,7 +254,9 @@ def test_a_listener_hears_a_runs_progress_about_once_a_second(runtime: Runtime) 
     code = "import time\nfor i in range(40):\n    print('line', i, flush=True)\n    time.sleep(0.1)\n"
     began = time.monotonic()
     result = run_python(
-        runtime.manager, conversation.id, {"code": code, "timeout_s": 30}, control=CallControl(progress=listen)
+        runtime.conversations.handle(conversation.id),
+        {"code": code, "timeout_s": 30},
+        control=CallControl(progress=listen),
     )
     ended = time.monotonic()
 

@@ -31,6 +31,12 @@ TICKET_SCHEMA: dict[str, Any] = {
 }
 
 
+@pytest.fixture
+def runtime_factory(fake_runtime_factory: RuntimeFactory) -> RuntimeFactory:
+    """Delegation, approval and argument files need no sandbox: the fake backend (no engine needed)."""
+    return fake_runtime_factory
+
+
 def call_stack(chars: int) -> str:
     frames: list[str] = []
     n = 0
@@ -57,7 +63,10 @@ def tracker(runtime: Runtime) -> list[dict[str, Any]]:
     return received
 
 
-def test_a_delegated_call_carries_an_89337_character_body_byte_for_byte(runtime: Runtime) -> None:
+def test_a_delegated_call_carries_an_89337_character_body_byte_for_byte(
+    docker_runtime_factory: RuntimeFactory,
+) -> None:
+    runtime = docker_runtime_factory()  # a script in a real sandbox writes the arguments file
     received = tracker(runtime)
     conversation = runtime.conversation("delegate")
     body = call_stack(89_337)

@@ -158,7 +158,8 @@ def test_an_engine_restart_mid_run_is_an_infrastructure_failure_and_the_conversa
     conversation = runtime_factory(containment_policy).conversation("engine-restart")
     assert conversation.run_python("print('before')").stdout == "before\n"
     old = conversation.sandbox()
-    results = old.folders.results
+    folders = conversation.folders
+    results = folders.results
     with engine_stopped_when(results / "started.txt", engine_pid, tmp_path / "engine.log") as stopped:
         with pytest.raises(EngineLost, match="went away while the command ran") as lost:
             conversation.call("run_python", {"code": LONG_RUN})
@@ -177,8 +178,8 @@ def test_an_engine_restart_mid_run_is_an_infrastructure_failure_and_the_conversa
     assert new.container_id != old.container_id
     assert _sandboxes(conversation) == [(new.container_id, True)]  # the old container is gone, not just stopped
     assert _leftovers(old.container_id) == []
-    if old.folders.quota_mode == "loop":
-        assert len(_loop_devices_of(old.folders.volume)) == 1  # the same volume, mounted once
+    if folders.quota_mode == "loop":
+        assert len(_loop_devices_of(folders.volume)) == 1  # the same volume, mounted once
     assert (results / "started.txt").read_text() == "the run began"
     assert conversation.run_python("print(open('/mnt/results/started.txt').read())").stdout == "the run began\n"
 

@@ -54,12 +54,23 @@ class Notes:
         return f"noted {len(self.runs)}"
 
 
-@pytest.fixture
-def runtime(runtime_factory: RuntimeFactory) -> tuple[Runtime, Notes]:
-    runtime = runtime_factory(policy_from_mapping({"tools": {"json_nesting_max": NESTING_MAX}}))
+def _with_notes(factory: RuntimeFactory) -> tuple[Runtime, Notes]:
+    runtime = factory(policy_from_mapping({"tools": {"json_nesting_max": NESTING_MAX}}))
     notes = Notes()
     runtime.register_tool("note", notes, description="Note something down.", input_schema=ANY_OBJECT)
     return runtime, notes
+
+
+@pytest.fixture
+def runtime(fake_runtime_factory: RuntimeFactory) -> tuple[Runtime, Notes]:
+    """For the tests that start no sandbox: the fake backend (no engine needed)."""
+    return _with_notes(fake_runtime_factory)
+
+
+@pytest.fixture
+def docker_runtime(runtime_factory: RuntimeFactory) -> tuple[Runtime, Notes]:
+    """For the tests whose turns run code in a real sandbox."""
+    return _with_notes(runtime_factory)
 
 
 @pytest.fixture
@@ -84,9 +95,9 @@ def write_files(results: Path) -> None:
 
 
 def test_library_failures_in_a_turn_are_error_results_and_its_run_python_is_not_run_again(
-    runtime: tuple[Runtime, Notes], captured: pytest.LogCaptureFixture
+    docker_runtime: tuple[Runtime, Notes], captured: pytest.LogCaptureFixture
 ) -> None:
-    rt, _notes = runtime
+    rt, _notes = docker_runtime
     rt.register_tool("lookup", lambda arguments: "found", description="Look up.", input_schema=BROKEN_REF_SCHEMA)
     conversation = rt.conversation("library-failures")
     write_files(conversation.folders.results)

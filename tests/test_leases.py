@@ -116,11 +116,11 @@ def test_gc_under_another_policy_leaves_a_live_runtimes_sandbox_alone_until_it_c
         second = runtime_factory(_serve_like(tmp_path), state_dir=state)  # its start-up sweep leaves it alone too
         assert second.policy.digest() != first.policy.digest()
         assert container not in _ids(second.gc())
-        assert container not in _ids(second.manager.sweep_orphans())
-        assert container not in _ids(second.manager.reap())
+        assert container not in _ids(second.conversations.sweep())
+        assert container not in _ids(second.conversations.reap())
         real_clock = second.manager.clock
         second.manager.clock = lambda: real_clock() + second.policy.sandbox.max_lifetime_s + 60
-        assert container not in _ids(second.manager.reap())  # idle and old by its clock: still the holder's call
+        assert container not in _ids(second.conversations.reap())  # idle and old by its clock: still the holder's call
         second.manager.clock = real_clock
         first.state.leases.unhold_container(first.manager.lease.id, "shared")  # as between its start and its claim
         assert container not in _ids(second.gc())  # the label names the live process that started it
@@ -153,7 +153,7 @@ def test_a_sandbox_held_by_another_process_survives_gc_until_that_process_is_kil
     other = runtime_factory(_smaller_memory(), state_dir=state)
     assert process.pid in {lease.pid for lease in other.state.leases.live()}
     assert container not in _ids(other.gc())
-    assert container not in _ids(other.manager.sweep_orphans())
+    assert container not in _ids(other.conversations.sweep())
     info = other.backend.inspect(container)
     assert info is not None
     assert info.running
@@ -181,10 +181,10 @@ def test_two_runtimes_sharing_a_sandbox_leave_it_to_the_last_one_that_uses_it(
     idle = first.policy.sandbox.idle_timeout_s + 60
     real_first, real_second = first.manager.clock, second.manager.clock
     first.manager.clock = lambda: real_first() + idle
-    assert first.manager.reap() == []  # idle here, but the other runtime holds it: this one lets go of its claim
+    assert first.conversations.reap() == []  # idle here, but the other runtime holds it: this one lets go of its claim
     assert first.backend.inspect(container) is not None
     second.manager.clock = lambda: real_second() + idle
-    assert _ids(second.manager.reap()) == {container}  # the last holder reaps it
+    assert _ids(second.conversations.reap()) == {container}  # the last holder reaps it
     assert _released(second, "both")
 
 

@@ -64,9 +64,9 @@ def test_an_idle_sandbox_is_reaped_and_its_results_folder_stays(runtime: Runtime
     container = conversation.sandbox().container_id
     real_clock = runtime.manager.clock
     runtime.manager.clock = lambda: real_clock() + runtime.policy.sandbox.idle_timeout_s - 60
-    assert runtime.manager.reap() == []
+    assert runtime.conversations.reap() == []
     runtime.manager.clock = lambda: real_clock() + runtime.policy.sandbox.idle_timeout_s + 60
-    removed = runtime.manager.reap()
+    removed = runtime.conversations.reap()
     assert [r.container_id for r in removed] == [container]
     assert "idle" in removed[0].reason
     assert runtime.backend.inspect(container) is None
@@ -185,7 +185,7 @@ def test_an_idle_sandbox_reaped_releases_its_volume_and_the_next_run_mounts_it_a
     container = conversation.sandbox().container_id
     real_clock = runtime.manager.clock
     runtime.manager.clock = lambda: real_clock() + 5  # 5 s on: idle longer than idle_timeout_s = 1
-    assert _ids(runtime.manager.reap()) == {container}
+    assert _ids(runtime.conversations.reap()) == {container}
     assert not os.path.ismount(folders.results)
     assert _losetup_lists(folders.volume) == ""
     runtime.manager.clock = real_clock

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 import sandbox_runtime
-from sandbox_runtime import Runtime
+from sandbox_runtime import FakeBackend, Runtime
 from tests.conftest import SESSION, TEST_LABEL
 
 README = Path(__file__).resolve().parent.parent / "README.md"
@@ -42,6 +42,13 @@ def test_the_python_example_runs_as_written(executor_image: str, monkeypatch: py
         "table 80",
         "True ['c1']",
     ]
+
+
+def test_the_fake_backend_example_runs_as_written_with_no_engine(tmp_path: Path) -> None:
+    example = block_after("<!-- example: fake-backend -->")
+    exec(compile(example, "README.md", "exec"), {"__name__": "readme", "tmp_path": tmp_path})  # noqa: S102  (the README's own example, run as written)
+    with Runtime(tmp_path, backend=FakeBackend(), image="fake") as runtime:
+        runtime.conversation("t1").delete()  # the example's folders (and quota volume), cleaned up
 
 
 def test_ci_runs_the_readme_commands() -> None:

@@ -7,6 +7,7 @@ from typing import Any
 import pytest
 
 from sandbox_runtime.policy import load_policy
+from sandbox_runtime.sandbox.backend import HostFacts
 from sandbox_runtime.sandbox.profile import exec_environment
 from sandbox_runtime.sandbox.selfcheck import evaluate_probe
 
@@ -44,7 +45,7 @@ def healthy_probe() -> dict[str, Any]:
 
 
 def failed(probe: dict[str, Any], warnings: tuple[str, ...] = ()) -> dict[str, str]:
-    checks = evaluate_probe(probe, POLICY, quota_mode="loop", host={}, create_warnings=warnings)
+    checks = evaluate_probe(probe, POLICY, quota_mode="loop", host=HostFacts(), create_warnings=warnings)
     return {c.name: c.fix for c in checks if not c.ok}
 
 

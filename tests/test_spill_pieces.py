@@ -13,13 +13,14 @@ from pathlib import Path
 import pytest
 
 from sandbox_runtime.errors import FileTooLarge, UnsafeFileType
+from sandbox_runtime.models import ResultDescriptor, StoredResult
 from sandbox_runtime.policy import SpillPolicy
-from sandbox_runtime.records import ExpiredFile, StoredResult
+from sandbox_runtime.records import ExpiredFile
 from sandbox_runtime.spill.budget import BudgetCandidate, BudgetDecision, plan_turn_budget
 from sandbox_runtime.spill.failures import shorten_error, spill_error
 from sandbox_runtime.spill.history import rebuild_history
 from sandbox_runtime.spill.manifest import record_in_manifest
-from sandbox_runtime.spill.spiller import ResultDescriptor, SpillOutcome, spill_result
+from sandbox_runtime.spill.spiller import SpillOutcome, spill_result
 from sandbox_runtime.state import StateDB
 from sandbox_runtime.store.safe_paths import ResultsRoot
 

@@ -17,6 +17,12 @@ ENDLESS = "WITH RECURSIVE n(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM n) SELEC
 
 
 @pytest.fixture
+def runtime_factory(fake_runtime_factory: RuntimeFactory) -> RuntimeFactory:
+    """No test here starts a sandbox: runtimes on the fake backend, no engine needed."""
+    return fake_runtime_factory
+
+
+@pytest.fixture
 def database(tmp_path: Path) -> Path:
     return make_sample_database(tmp_path / "shop.sqlite3", rows=360)
 

@@ -43,8 +43,9 @@ class Big:
 
 
 @pytest.fixture
-def runtime(runtime_factory: RuntimeFactory) -> tuple[Runtime, Holder, Big]:
-    runtime = runtime_factory()
+def runtime(fake_runtime_factory: RuntimeFactory) -> tuple[Runtime, Holder, Big]:
+    """A runtime with two host tools; they start no sandbox, so the fake backend serves (no engine needed)."""
+    runtime = fake_runtime_factory()
     holder, big = Holder(), Big()
     runtime.register_tool("hold", holder, description="Wait.", input_schema=OBJECT)
     runtime.register_tool("big", big, description="A large result.", input_schema=OBJECT)

@@ -79,7 +79,7 @@ def read_resource(runtime: Runtime, uri: str) -> ResourceFile:
         raise PathNotFound(f"there is no conversation {conversation_id!r}")
     cap = runtime.policy.store.read_max_bytes
     if area == "results":
-        root = runtime.store.results_root(runtime.manager.folders(conversation_id))
+        root = runtime.store.results_root(runtime.conversations.folders(conversation_id))
         return ResourceFile(uri, mime_type(rest), root.read_bytes(rest, max_bytes=cap))
     if area == "attachments":
         for attachment in runtime.state.attachments(conversation_id):

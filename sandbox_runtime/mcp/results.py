@@ -21,10 +21,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from sandbox_runtime.calls import ToolOutcome
 from sandbox_runtime.mcp.resources import attachment_uri, mime_type, result_uri
-from sandbox_runtime.records import Attachment, AttachmentCard
-from sandbox_runtime.spill.spiller import ResultDescriptor
+from sandbox_runtime.models import Attachment, AttachmentCard, ResultDescriptor, ToolOutcome
 from sandbox_runtime.tools.base import ToolSpec
 from sandbox_runtime.tools.run_python import RunStatus
 

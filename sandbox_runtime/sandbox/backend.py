@@ -1,14 +1,23 @@
 """The one seam between the runtime and a container engine: an abstract backend taking and returning models.
 
+:class:`SandboxBackend` is what a backend must do for the runtime: start a container from a spec, exec in it
+with caps and a deadline, stop (restart, remove) it, and inspect and list it by labels. :class:`ImageBuilder`
+(building, importing and pulling the executor image) is apart: a backend that runs sandboxes from an image made
+elsewhere needs none of it.
+
 :class:`ContainerSpec` says everything a sandbox container is (built by :mod:`sandbox_runtime.sandbox.profile`,
-the one place where hardening lives); a backend must apply every field or raise, never drop one silently.
+the one place where hardening lives); a confining backend must apply every field or raise, never drop one
+silently. A backend that does not confine (a test double: ``confines = False``) names, in ``not_enforced``,
+every protection it leaves out; the self-check then reports them instead of probing.
+
+``tests/conformance/`` holds the behaviour every backend must show, run against each one.
 """
 
 from __future__ import annotations
 
 import abc
 from collections.abc import Callable
-from typing import Literal
+from typing import ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -21,6 +30,8 @@ __all__ = [
     "EngineInfo",
     "ExecRequest",
     "ExecResult",
+    "HostFacts",
+    "ImageBuilder",
     "SandboxBackend",
 ]
 
@@ -106,6 +117,19 @@ class ExecResult(_Model):
     )
     duration_s: float
 
+    @classmethod
+    def cancelled_before_start(cls) -> ExecResult:
+        """The result of a command cancelled before it began: nothing ran."""
+        return cls(
+            exit_code=None,
+            stdout=b"",
+            stderr=b"",
+            stdout_bytes_total=0,
+            stderr_bytes_total=0,
+            cancelled=True,
+            duration_s=0.0,
+        )
+
 
 class EngineInfo(_Model):
     """Facts about the engine and host that doctor shows."""
@@ -124,11 +148,27 @@ class EngineInfo(_Model):
     warnings: tuple[str, ...] = ()
 
 
+class HostFacts(_Model):
+    """What the host side says of a container: the engine's recorded settings and the cgroup limits, as text
+    (None when unknown). The self-check reads them where the inside cannot see them (gVisor)."""
+
+    runtime: str | None = None
+    security_opt: str | None = None
+    memory_limit_bytes: str | None = None
+    memory_swap_limit_bytes: str | None = None
+    pids_limit: str | None = None
+
+
 ProgressCallback = Callable[[str], None]
 
 
 class SandboxBackend(abc.ABC):
     """A container engine. Infrastructure failures raise :class:`~sandbox_runtime.errors.SandboxRuntimeError`."""
+
+    confines: ClassVar[bool] = True
+    """Whether every protection of a :class:`ContainerSpec` is applied (or the start refused)."""
+    not_enforced: ClassVar[tuple[str, ...]] = ()
+    """With ``confines = False``: each protection left out, in words (the self-check reports them)."""
 
     @abc.abstractmethod
     def engine_info(self) -> EngineInfo:
@@ -137,25 +177,6 @@ class SandboxBackend(abc.ABC):
     @abc.abstractmethod
     def image_exists(self, reference: str) -> bool:
         """Whether an image with this name:tag is present locally."""
-
-    @abc.abstractmethod
-    def build_image(
-        self,
-        context_dir: str,
-        tag: str,
-        build_args: dict[str, str],
-        labels: dict[str, str],
-        progress: ProgressCallback,
-    ) -> None:
-        """Build an image from a folder with a Dockerfile, with no network during the build."""
-
-    @abc.abstractmethod
-    def import_rootfs(self, tar_path: str, reference: str, progress: ProgressCallback) -> None:
-        """Import a root filesystem tarball as an image."""
-
-    @abc.abstractmethod
-    def pull_image(self, reference: str, progress: ProgressCallback) -> None:
-        """Pull an image from a registry."""
 
     @abc.abstractmethod
     def create_and_start(self, spec: ContainerSpec) -> ContainerInfo:
@@ -181,6 +202,10 @@ class SandboxBackend(abc.ABC):
     def exec(self, container_id: str, request: ExecRequest, control: CallControl | None = None) -> ExecResult:
         """Run a command; stop reading at a cap or the deadline and return what was captured.
 
+        A container removed or stopped before the command started raises
+        :class:`~sandbox_runtime.errors.SandboxGone` (nothing ran); an engine that went away while it ran
+        raises :class:`~sandbox_runtime.errors.EngineLost`.
+
         With ``control``: once ``control.cancelled`` is set, every process of the request's uid in the container
         (the command and everything it started, daemons included) is ended within 2 seconds, the stream is read
         to its end (bounded) and the result says ``cancelled``; set before the call, the command never starts.
@@ -193,13 +218,36 @@ class SandboxBackend(abc.ABC):
         """How many processes the kernel's OOM killer ended in this container; None when unknown."""
 
     @abc.abstractmethod
-    def host_facts(self, container_id: str) -> dict[str, str | None]:
-        """What the host side says of a container: the engine's recorded settings and the cgroup limits.
-
-        Keys: ``runtime``, ``security_opt``, ``memory_limit_bytes``, ``memory_swap_limit_bytes``, ``pids_limit``
-        (values as text, None when unknown). Used by the self-check where the inside cannot see them (gVisor).
-        """
+    def host_facts(self, container_id: str) -> HostFacts:
+        """What the host side says of a container (see :class:`HostFacts`)."""
 
     @abc.abstractmethod
     def close(self) -> None:
         """Release the connection to the engine."""
+
+
+class ImageBuilder(abc.ABC):
+    """Making the executor image in an engine's image store (see :mod:`~sandbox_runtime.sandbox.image`)."""
+
+    @abc.abstractmethod
+    def image_exists(self, reference: str) -> bool:
+        """Whether an image with this name:tag is present locally."""
+
+    @abc.abstractmethod
+    def build_image(
+        self,
+        context_dir: str,
+        tag: str,
+        build_args: dict[str, str],
+        labels: dict[str, str],
+        progress: ProgressCallback,
+    ) -> None:
+        """Build an image from a folder with a Dockerfile, with no network during the build."""
+
+    @abc.abstractmethod
+    def import_rootfs(self, tar_path: str, reference: str, progress: ProgressCallback) -> None:
+        """Import a root filesystem tarball as an image."""
+
+    @abc.abstractmethod
+    def pull_image(self, reference: str, progress: ProgressCallback) -> None:
+        """Pull an image from a registry."""

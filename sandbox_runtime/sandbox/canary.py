@@ -1,6 +1,7 @@
 """The self-check gate of a :class:`~sandbox_runtime.sandbox.manager.SandboxManager`: before the first sandbox of
-a process starts, a canary container runs the self-check (:mod:`~sandbox_runtime.sandbox.selfcheck`) in folders
-apart from every conversation's; the report is kept, and when it failed no sandbox ever starts.
+a process starts, a canary container runs the self-check (:mod:`~sandbox_runtime.sandbox.selfcheck`) on a results
+folder apart from every conversation's (made for the check and removed after it by whoever owns the folders); the
+report is kept, and when it failed no sandbox ever starts.
 """
 
 from __future__ import annotations
@@ -8,39 +9,40 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 
 from sandbox_runtime.errors import ImageError, SelfCheckFailed
 from sandbox_runtime.policy import Policy
 from sandbox_runtime.sandbox.backend import ContainerSpec, SandboxBackend
 from sandbox_runtime.sandbox.profile import LABEL_CONVERSATION, LABEL_CREATED_AT
+from sandbox_runtime.sandbox.records import ResultsFolder
 from sandbox_runtime.sandbox.selfcheck import SelfCheckReport, run_self_check
-from sandbox_runtime.store.folders import ConversationFolders, ConversationStore
 
 __all__ = ["CANARY_CONVERSATION", "CANARY_MAX_AGE_S", "SelfCheckGate"]
 
 CANARY_CONVERSATION = "_canary"  # a label value no conversation id can take (ids start with a letter or digit)
 CANARY_MAX_AGE_S = 300  # a canary lives for seconds; an older one was left by a killed process
-_CANARY_QUOTA_BYTES = 16 * 1024 * 1024
 
 
 class SelfCheckGate:
-    """Runs the canary check once per process (again when forced) and keeps its report."""
+    """Runs the canary check once per process (again when forced) and keeps its report; ``canary_folder`` makes
+    the check's results folder for the block it is entered for."""
 
     def __init__(
         self,
         *,
         backend: SandboxBackend,
         policy: Policy,
-        store: ConversationStore,
+        canary_folder: Callable[[], AbstractContextManager[ResultsFolder]],
         image: str,
         base_labels: dict[str, str],
-        spec_for: Callable[[ConversationFolders, dict[str, str]], ContainerSpec],
+        spec_for: Callable[[ResultsFolder, dict[str, str]], ContainerSpec],
         lock: Callable[[str], threading.RLock],
         clock: Callable[[], float] = time.time,
     ) -> None:
         self._backend = backend
         self._policy = policy
-        self._store = store
+        self._canary_folder = canary_folder
         self._image = image
         self._base_labels = base_labels
         self._spec_for = spec_for
@@ -57,23 +59,18 @@ class SelfCheckGate:
             return cached
         if not self._backend.image_exists(self._image):
             raise ImageError(f"the executor image {self._image} is not built: run `sandbox-runtime image build`")
-        with self._lock(CANARY_CONVERSATION):
-            folders = self._store.canary_folders(quota_bytes=_CANARY_QUOTA_BYTES)
-            self._store.prepare(folders)
-            try:
-                report = run_self_check(
-                    self._backend,
-                    self._policy,
-                    lambda labels: self._spec_for(folders, labels),
-                    quota_mode=folders.quota_mode,
-                    labels={
-                        **self._base_labels,
-                        LABEL_CONVERSATION: CANARY_CONVERSATION,
-                        LABEL_CREATED_AT: str(int(self._clock())),
-                    },
-                )
-            finally:
-                self._store.delete(folders)
+        with self._lock(CANARY_CONVERSATION), self._canary_folder() as folder:
+            report = run_self_check(
+                self._backend,
+                self._policy,
+                lambda labels: self._spec_for(folder, labels),
+                quota_mode=folder.quota_mode,
+                labels={
+                    **self._base_labels,
+                    LABEL_CONVERSATION: CANARY_CONVERSATION,
+                    LABEL_CREATED_AT: str(int(self._clock())),
+                },
+            )
         with self._guard:
             self._report = report
         return report

@@ -32,6 +32,8 @@ from sandbox_runtime.sandbox.backend import (
     EngineInfo,
     ExecRequest,
     ExecResult,
+    HostFacts,
+    ImageBuilder,
     ProgressCallback,
     SandboxBackend,
 )
@@ -39,7 +41,6 @@ from sandbox_runtime.sandbox.docker_records import (
     container_info,
     engine_info,
     knock,
-    not_started,
     pid_in_container,
 )
 from sandbox_runtime.sandbox.exec_stream import Caller, Frames, Watch, oom_kills, read_cgroup_file, read_frames
@@ -86,8 +87,9 @@ def _mapped(action: str, error: type[Exception] = SandboxError, *, during_comman
         ) from exc
 
 
-class DockerBackend(SandboxBackend):
-    """Talks to a Docker engine through docker-py (``DOCKER_HOST`` and friends are honoured)."""
+class DockerBackend(SandboxBackend, ImageBuilder):
+    """Talks to a Docker engine through docker-py (``DOCKER_HOST`` and friends are honoured); builds the
+    executor image there too."""
 
     def __init__(self, environment: Mapping[str, str] | None = None, timeout_s: float = 60.0) -> None:
         env = dict(os.environ if environment is None else environment)
@@ -251,7 +253,7 @@ class DockerBackend(SandboxBackend):
     def exec(self, container_id: str, request: ExecRequest, control: CallControl | None = None) -> ExecResult:
         started = time.monotonic()
         if control is not None and control.is_cancelled:
-            return not_started()  # cancelled before it began: nothing runs
+            return ExecResult.cancelled_before_start()  # nothing runs
         frames, exit_code, watch = self._run(container_id, request, control, started)
         # the command ended the way the OCI runtime ends things (the container's first process went, no exit code,
         # or a runtime's code): the engine, not the command's output, says whether the sandbox still works
@@ -405,18 +407,18 @@ class DockerBackend(SandboxBackend):
     def oom_kill_count(self, container_id: str) -> int | None:
         return oom_kills(container_id)
 
-    def host_facts(self, container_id: str) -> dict[str, str | None]:
+    def host_facts(self, container_id: str) -> HostFacts:
         with self._engine("inspect container"):
             host_config = self._api.inspect_container(container_id).get("HostConfig") or {}
-        return {
-            "runtime": host_config.get("Runtime"),
-            "security_opt": ",".join(host_config.get("SecurityOpt") or []),
-            "memory_limit_bytes": read_cgroup_file(container_id, "memory", "memory.limit_in_bytes", "memory.max"),
-            "memory_swap_limit_bytes": read_cgroup_file(
+        return HostFacts(
+            runtime=host_config.get("Runtime"),
+            security_opt=",".join(host_config.get("SecurityOpt") or []),
+            memory_limit_bytes=read_cgroup_file(container_id, "memory", "memory.limit_in_bytes", "memory.max"),
+            memory_swap_limit_bytes=read_cgroup_file(
                 container_id, "memory", "memory.memsw.limit_in_bytes", "memory.swap.max"
             ),
-            "pids_limit": read_cgroup_file(container_id, "pids", "pids.max", "pids.max"),
-        }
+            pids_limit=read_cgroup_file(container_id, "pids", "pids.max", "pids.max"),
+        )
 
     def close(self) -> None:
         self._client.close()

@@ -9,9 +9,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from sandbox_runtime.sandbox.backend import ContainerInfo, EngineInfo, ExecResult
+from sandbox_runtime.sandbox.backend import ContainerInfo, EngineInfo
 
-__all__ = ["container_info", "engine_info", "knock", "not_started", "pid_in_container", "runtime_version"]
+__all__ = ["container_info", "engine_info", "knock", "pid_in_container", "runtime_version"]
 
 
 def knock(base_url: str, timeout_s: float) -> None:
@@ -70,19 +70,6 @@ def engine_info(info: Mapping[str, Any], version: Mapping[str, Any]) -> EngineIn
         runsc_version=runtime_version(runtimes.get("runsc") or {}),
         security_options=tuple(str(item) for item in info.get("SecurityOptions") or ()),
         warnings=tuple(str(item) for item in info.get("Warnings") or ()),
-    )
-
-
-def not_started() -> ExecResult:
-    """The result of a command cancelled before it began: nothing ran."""
-    return ExecResult(
-        exit_code=None,
-        stdout=b"",
-        stderr=b"",
-        stdout_bytes_total=0,
-        stderr_bytes_total=0,
-        cancelled=True,
-        duration_s=0.0,
     )
 
 

@@ -1,5 +1,5 @@
-"""Who claims a sandbox: the hold rules the manager applies, and the lock that makes a claim and a check of the
-claims one step.
+"""Who claims a sandbox: the hold rules the manager applies, the lock that makes a claim and a check of the
+claims one step, and the per-conversation locks of one process.
 
 Each manager registers a lease in the state database and *holds* the conversations it uses (and the sandbox it
 started or re-attached for one). A container is claimed by a live process's hold that names it, or (between its
@@ -9,9 +9,10 @@ start and the claim) by the lease of the process that started it (its ``LABEL_LE
   process decides (it reaps its own idle sandboxes). "Made under another policy" is a removal reason only for a
   container no live process holds. When two live processes hold one sandbox, one that stopped using it lets go
   of its claim, and the last one reaps it.
-* taking a hold and mounting, and checking the holds before a removal or an unmount, are each done under one
-  lock per state directory (``STATE_DIR/mounts.lock``, ``flock``), so a check never races another process's
-  claim.
+* taking a hold and mounting, and checking the holds before a removal or an unmount, are each done under the
+  conversation's lock across the processes of the host (``STATE_DIR/locks/<conversation>.lock``, ``flock``), so
+  a check never races another process's claim. It is one lock per conversation: one conversation's volume being
+  made or mounted (seconds) holds up nobody else.
 """
 
 from __future__ import annotations
@@ -19,7 +20,9 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
+import hashlib
 import os
+import re
 import threading
 import time
 from collections.abc import Iterator
@@ -29,10 +32,11 @@ from sandbox_runtime.errors import SandboxError
 from sandbox_runtime.leases import HoldRecord
 from sandbox_runtime.sandbox.backend import ContainerInfo
 
-__all__ = ["LABEL_LEASE", "HostLock", "held_elsewhere", "own_hold"]
+__all__ = ["LABEL_LEASE", "ConversationLocks", "HostLock", "HostLocks", "held_elsewhere", "own_hold"]
 
 LABEL_LEASE = "io.sandbox-runtime.lease"  # the lease of the process that started the container
 _HOST_LOCK_WAIT_S = 300.0  # held for a check or a mount (mkfs and mount: 60 s each at most); longer: a stuck holder
+_PLAIN_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}")
 
 
 def own_hold(holds: list[HoldRecord], lease_id: str) -> HoldRecord | None:
@@ -53,9 +57,57 @@ def held_elsewhere(info: ContainerInfo, holds: list[HoldRecord], lease_id: str) 
     return None
 
 
+class ConversationLocks:
+    """One re-entrant lock per conversation in this process: whoever holds it may use or change the
+    conversation's sandbox and folders; the reaper skips a conversation whose lock is taken (it is in use)."""
+
+    def __init__(self) -> None:
+        self._locks: dict[str, threading.RLock] = {}
+        self._guard = threading.Lock()
+
+    def __call__(self, conversation_id: str) -> threading.RLock:
+        with self._guard:
+            return self._locks.setdefault(conversation_id, threading.RLock())
+
+
+class HostLocks:
+    """The host-wide lock of each conversation of a state directory: ``locks(conversation_id)`` is a context
+    manager holding it. Any label value is a safe key (one that is not a conversation id names its file by a
+    hash)."""
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+        self._locks: dict[str, HostLock] = {}
+        self._guard = threading.Lock()
+
+    def _lock(self, conversation_id: str) -> HostLock:
+        name = conversation_id if _PLAIN_NAME.fullmatch(conversation_id) else "_" + _digest(conversation_id)
+        with self._guard:
+            lock = self._locks.get(name)
+            if lock is None:
+                self.directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+                lock = self._locks[name] = HostLock(self.directory / f"{name}.lock")
+            return lock
+
+    def __call__(self, conversation_id: str) -> contextlib.AbstractContextManager[None]:
+        return self._lock(conversation_id)()
+
+    def remove(self, conversation_id: str) -> None:
+        """Remove the conversation's lock file (it is being deleted); a process that holds it or waits for it
+        takes it again from a new file."""
+        lock = self._lock(conversation_id)
+        with lock():
+            lock.path.unlink(missing_ok=True)
+
+
+def _digest(text: str) -> str:
+    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:32]
+
+
 class HostLock:
-    """One lock per state directory, over the threads of this process (an RLock: re-entrant) and the processes
-    of this host (``flock`` on a file beside the state database). Every wait is bounded."""
+    """One lock over the threads of this process (an RLock: re-entrant) and the processes of this host (``flock``
+    on a file). Every wait is bounded. A lock file removed while it was waited for is taken again from the file
+    now at its path, so that removing it never lets two holders in."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
@@ -82,8 +134,20 @@ class HostLock:
             self._local.release()
 
     def _lock_file(self) -> int:
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
         deadline = time.monotonic() + _HOST_LOCK_WAIT_S
+        while True:
+            fd = self._wait_for(deadline)
+            held = os.fstat(fd)
+            try:
+                now = os.stat(self.path, follow_symlinks=False)
+            except FileNotFoundError:
+                now = None
+            if now is not None and (now.st_dev, now.st_ino) == (held.st_dev, held.st_ino):
+                return fd
+            os.close(fd)  # the file was removed (its conversation deleted) while this waited: take the new one
+
+    def _wait_for(self, deadline: float) -> int:
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
         pause = 0.001
         while True:
             try:

@@ -28,7 +28,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict
 
 from sandbox_runtime.errors import ImageError
-from sandbox_runtime.sandbox.backend import ProgressCallback, SandboxBackend
+from sandbox_runtime.sandbox.backend import ImageBuilder, ProgressCallback
 
 __all__ = [
     "IMAGE_REPOSITORY",
@@ -147,7 +147,7 @@ def _debian_mirror(sources_dir: Path = Path("/etc/apt")) -> str | None:
     return None
 
 
-def _offline_base(backend: SandboxBackend, cache_dir: Path, progress: ProgressCallback) -> str:
+def _offline_base(backend: ImageBuilder, cache_dir: Path, progress: ProgressCallback) -> str:
     mirror = _debian_mirror()
     key = hashlib.sha256(f"{_DEBIAN_SUITE}|{_DEBOOTSTRAP_PACKAGES}|minbase".encode()).hexdigest()[:12]
     reference = f"sandbox-runtime-base:{_DEBIAN_SUITE}-{key}"
@@ -184,7 +184,7 @@ def _registry_answers() -> bool:
     return True
 
 
-def _registry_base(backend: SandboxBackend, source: Source, progress: ProgressCallback) -> str | None:
+def _registry_base(backend: ImageBuilder, source: Source, progress: ProgressCallback) -> str | None:
     if backend.image_exists(SLIM_BASE):
         progress(f"base image {SLIM_BASE} is present")
         return SLIM_BASE
@@ -203,7 +203,7 @@ def _registry_base(backend: SandboxBackend, source: Source, progress: ProgressCa
 
 
 def build_executor_image(
-    backend: SandboxBackend,
+    backend: ImageBuilder,
     *,
     source: Source = "auto",
     cache_dir: Path | None = None,

@@ -1,30 +1,62 @@
-"""What the sandbox manager hands out: a conversation's running :class:`Sandbox`, and a :class:`Removal`."""
+"""What the sandbox manager hands out (a conversation's running :class:`Sandbox`, a :class:`Removal`), what it is
+given (a :class:`ResultsFolder` to bind), and the narrow :class:`SandboxRecords` protocol through which it keeps
+its records (the state database is one; a shared database of a scaled-out runtime would be another)."""
 
 from __future__ import annotations
 
+from typing import NamedTuple, Protocol
+
 from pydantic import BaseModel, ConfigDict
 
-from sandbox_runtime.store.folders import ConversationFolders
+from sandbox_runtime.leases import Leases
+from sandbox_runtime.records import SandboxRecord
 
-__all__ = ["Removal", "Sandbox"]
+__all__ = ["Removal", "ResultsFolder", "Sandbox", "SandboxRecords"]
 
 
 class Sandbox(BaseModel):
-    """A conversation's running container and its folders."""
+    """A conversation's running container."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     conversation_id: str
     container_id: str
-    folders: ConversationFolders
     created_at: float
 
 
 class Removal(BaseModel):
-    """A container that ``reap`` or ``sweep_orphans`` removed, and why."""
+    """A container that ``reap``, ``close`` or ``sweep_orphans`` removed, and why; ``state_dir`` is the state
+    directory it belonged to (another one's, for an orphan whose state directory is gone)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     container_id: str
     conversation_id: str | None
     reason: str
+    state_dir: str | None = None
+
+
+class ResultsFolder(NamedTuple):
+    """A host folder the sandbox gets as its results folder (made and mounted by its owner beforehand), and how
+    its disk use is capped there (``loop``: its own filesystem; ``measured``: counted after each run)."""
+
+    path: str
+    quota_mode: str
+
+
+class SandboxRecords(Protocol):
+    """What the manager records: its lease and holds, each sandbox it started or re-attached, and whether a
+    conversation is known (a container of an unknown one is an orphan)."""
+
+    @property
+    def leases(self) -> Leases: ...
+
+    def record_sandbox(self, container_id: str, conversation_id: str, created_at: float) -> None: ...
+
+    def touch_sandbox(self, container_id: str, when: float) -> None: ...
+
+    def sandbox(self, container_id: str) -> SandboxRecord | None: ...
+
+    def mark_removed(self, container_id: str, reason: str) -> None: ...
+
+    def knows_conversation(self, conversation_id: str) -> bool: ...

@@ -17,7 +17,7 @@ from pydantic import BaseModel, ConfigDict
 
 from sandbox_runtime.errors import SandboxError
 from sandbox_runtime.policy import Policy
-from sandbox_runtime.sandbox.backend import ContainerSpec, EngineInfo, ExecRequest, SandboxBackend
+from sandbox_runtime.sandbox.backend import ContainerSpec, EngineInfo, ExecRequest, HostFacts, SandboxBackend
 from sandbox_runtime.sandbox.profile import PYTHON, SELFCHECK, code_user, exec_environment, runner_command
 
 __all__ = ["Check", "SelfCheckReport", "evaluate_probe", "run_self_check"]
@@ -43,7 +43,8 @@ class Check(BaseModel):
 
 
 class SelfCheckReport(BaseModel):
-    """Every check, plus the facts doctor shows beside them."""
+    """Every check, plus the facts doctor shows beside them. From a backend that does not confine (a test
+    double) there are no checks: ``not_enforced`` names every protection it leaves out."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -52,6 +53,7 @@ class SelfCheckReport(BaseModel):
     quota_mode: str
     engine: EngineInfo
     checks: tuple[Check, ...]
+    not_enforced: tuple[str, ...] = ()
 
     @property
     def ok(self) -> bool:
@@ -80,7 +82,7 @@ def evaluate_probe(
     policy: Policy,
     *,
     quota_mode: str,
-    host: dict[str, str | None],
+    host: HostFacts,
     create_warnings: tuple[str, ...] = (),
 ) -> list[Check]:
     """Judge what the canary reported (and, under gVisor, what the host's cgroups say) against the policy.
@@ -106,8 +108,8 @@ def evaluate_probe(
         add(
             "no-new-privileges",
             "set on the container (NoNewPrivs is not shown inside gVisor)",
-            host.get("security_opt"),
-            "no-new-privileges" in (host.get("security_opt") or ""),
+            host.security_opt,
+            "no-new-privileges" in (host.security_opt or ""),
             "the engine dropped security_opt no-new-privileges; upgrade Docker",
         )
     else:
@@ -145,7 +147,7 @@ def evaluate_probe(
         "set sandbox.uid/gid in the policy to a non-zero id; rootless engines may remap ids",
     )
     inside_or_host = {
-        key: probe.get(key) if probe.get(key) is not None else host.get(key)
+        key: probe.get(key) if probe.get(key) is not None else getattr(host, key)
         for key in ("memory_limit_bytes", "memory_swap_limit_bytes", "pids_limit")
     }
     memory = inside_or_host["memory_limit_bytes"]
@@ -263,9 +265,20 @@ def run_self_check(
     quota_mode: str,
     labels: dict[str, str],
 ) -> SelfCheckReport:
-    """Start a canary from ``spec_for(labels)``, read its probe, remove it, and judge the result."""
+    """Start a canary from ``spec_for(labels)``, read its probe, remove it, and judge the result; a backend that
+    does not confine is not probed (its report names what it leaves out)."""
     engine = backend.engine_info()
     spec = spec_for(labels)
+    if not backend.confines:
+        logger.warning("the %s confines nothing: %s", type(backend).__name__, "; ".join(backend.not_enforced))
+        return SelfCheckReport(
+            runtime=engine.default_runtime,
+            image=spec.image,
+            quota_mode=quota_mode,
+            engine=engine,
+            checks=(),
+            not_enforced=backend.not_enforced,
+        )
     with _loopback_listener() as port:
         info = backend.create_and_start(spec)
         try:

@@ -17,7 +17,7 @@ from sandbox_runtime.errors import PathRejected
 from sandbox_runtime.store.safe_paths import PRIVATE_FILE_MODE, ResultsRoot
 
 if TYPE_CHECKING:
-    from sandbox_runtime.spill.spiller import ResultDescriptor
+    from sandbox_runtime.models import ResultDescriptor
 
 __all__ = ["MANIFEST_PATH", "record_in_manifest"]
 

@@ -18,11 +18,12 @@ import json
 import logging
 import re
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
 from sandbox_runtime.errors import PathExists, PathRejected
+from sandbox_runtime.models import ResultDescriptor
 from sandbox_runtime.policy import SpillPolicy
 from sandbox_runtime.spill.fast_json import SpillFile, SpillFormat, fast_json_file
 from sandbox_runtime.spill.jsonio import dumps_compact, dumps_pretty, loads, paused_gc
@@ -32,7 +33,6 @@ from sandbox_runtime.spill.tables import Table, recognise_table, table_file_byte
 from sandbox_runtime.store.safe_paths import PRIVATE_FILE_MODE, ResultsRoot
 
 __all__ = [
-    "ResultDescriptor",
     "SpillOutcome",
     "file_stem",
     "is_mcp_error",
@@ -43,30 +43,10 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-DescribedFormat = Literal["json", "table", "text", "csv", "xlsx"]  # spills, and the files tools build
 _TOO_DEEP = "[value not shown"
 _PREVIEW_ROWS = 50  # rows of a streamed table kept for its preview
 _UNSAFE_NAME = re.compile(r"[^A-Za-z0-9_.-]+")
 _NAME_MAX_CHARS = 80
-
-
-class ResultDescriptor(BaseModel):
-    """What a spilled result carries (ARCHITECTURE.md): the same object in the Python API and over MCP."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    spilled: Literal[True] = True
-    path: str
-    format: DescribedFormat
-    bytes: int
-    chars: int | None  # None for binary files (xlsx)
-    sha256: str
-    rows: int | None = None
-    columns: list[str] | None = None
-    column_types: list[str] | None = None
-    preview: str
-    truncated_inline: bool
-    expires_at: str | None  # None: a file retention does not remove (an export)
 
 
 class SpillOutcome(BaseModel):

@@ -21,8 +21,8 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, Field
 
 from sandbox_runtime.errors import InvalidToolArguments
+from sandbox_runtime.models import Attachment
 from sandbox_runtime.policy import ToolsPolicy
-from sandbox_runtime.records import Attachment
 from sandbox_runtime.store.outputs import AttachmentStore, OutputsLimits
 from sandbox_runtime.store.safe_paths import ResultsRoot
 

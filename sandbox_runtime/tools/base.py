@@ -17,18 +17,18 @@ import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, TypeVar
+from typing import Any, TypeVar
 
 from jsonschema import Draft202012Validator
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from sandbox_runtime.control import CallControl
+from sandbox_runtime.conversations.handle import SandboxHandle
 from sandbox_runtime.errors import InvalidToolArguments, PathExpired, PathNotFound, PathRejected
+from sandbox_runtime.models import Attachment, ResultDescriptor, SpillMode
 from sandbox_runtime.policy import Policy
-from sandbox_runtime.records import Attachment, ExpiredFile
-from sandbox_runtime.sandbox.manager import SandboxManager
+from sandbox_runtime.records import ExpiredFile
 from sandbox_runtime.spill.jsonio import nesting_depth
-from sandbox_runtime.spill.spiller import ResultDescriptor
 from sandbox_runtime.store.safe_paths import ResultsRoot
 
 __all__ = [
@@ -42,7 +42,6 @@ __all__ = [
     "validate_arguments",
 ]
 
-SpillMode = Literal["normal", "self_bounded"]
 M = TypeVar("M", bound=BaseModel)
 
 
@@ -70,10 +69,10 @@ class ToolReturn(BaseModel):
 
 @dataclass(frozen=True)
 class ToolContext:
-    """What a handler may use: the conversation's sandboxes, its results folder, the policy, and retention's
-    record of removed files."""
+    """What a handler may use: the conversation's sandbox, its results folder and outputs, the policy, and
+    retention's record of removed files."""
 
-    manager: SandboxManager
+    sandbox: SandboxHandle
     conversation_id: str
     root: ResultsRoot
     outputs: Path  # attachments: outside the results folder, never seen by the sandbox

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from sandbox_runtime.errors import InvalidToolArguments, PathNotFound
+from sandbox_runtime.models import ResultDescriptor
 from sandbox_runtime.policy import Policy
-from sandbox_runtime.spill.spiller import ResultDescriptor
 from sandbox_runtime.store.outputs import AttachmentStore, OutputsLimits
 from sandbox_runtime.tools.attach import ATTACH_FILE_DESCRIPTION, AttachFileArgs, attach_file
 from sandbox_runtime.tools.base import ToolContext, ToolReturn, ToolSpec, expired_or
@@ -39,7 +39,7 @@ RUN_PYTHON_DESCRIPTION = (
 def _run_python(ctx: ToolContext, args: RunPythonArgs) -> ToolReturn:
     args = parse_args(args, ctx.policy)
     try:
-        result = run_python(ctx.manager, ctx.conversation_id, args, control=ctx.control)
+        result = run_python(ctx.sandbox, args, control=ctx.control)
     except PathNotFound as exc:
         if args.script_path is None:
             raise

@@ -30,9 +30,10 @@ from jsonschema import Draft202012Validator
 from jsonschema.exceptions import SchemaError
 
 from sandbox_runtime.control import CallControl
+from sandbox_runtime.models import SpillMode
 from sandbox_runtime.spill.spiller import is_mcp_error, result_text
 from sandbox_runtime.store.safe_paths import ResultsRoot
-from sandbox_runtime.tools.base import SpillMode, ToolContext, ToolReturn, ToolSpec
+from sandbox_runtime.tools.base import ToolContext, ToolReturn, ToolSpec
 
 __all__ = ["HostCall", "common_annotations", "host_tool", "is_sdk_wrapper", "mcp_tool_return"]
 

@@ -39,10 +39,10 @@ import threading
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from sandbox_runtime.control import CallControl
+from sandbox_runtime.conversations.handle import SandboxHandle
 from sandbox_runtime.errors import EngineLost, InvalidToolArguments, PathNotFound, PathRejected, SandboxGone
 from sandbox_runtime.policy import Policy
 from sandbox_runtime.sandbox.backend import ExecRequest, ExecResult
-from sandbox_runtime.sandbox.manager import Sandbox, SandboxManager
 from sandbox_runtime.sandbox.profile import (
     PYTHON,
     RunnerVerdict,
@@ -51,6 +51,7 @@ from sandbox_runtime.sandbox.profile import (
     read_runner_verdict,
     runner_command,
 )
+from sandbox_runtime.sandbox.records import Sandbox
 from sandbox_runtime.store.quota import QuotaUsage
 from sandbox_runtime.store.safe_paths import ResultsRoot
 from sandbox_runtime.tools.base import model_arguments
@@ -119,22 +120,21 @@ def _script(root: ResultsRoot, args: RunPythonArgs, run_number: int, max_bytes: 
 
 
 def run_python(
-    manager: SandboxManager,
-    conversation_id: str,
+    sandbox: SandboxHandle,
     raw_args: dict[str, object] | RunPythonArgs,
     *,
     control: CallControl | None = None,
 ) -> RunPythonResult:
     """Run one script in the conversation's sandbox and classify how it ended; ``control`` cancels the run
     (every process of it ends, status ``cancelled``) and hears its progress."""
-    policy = manager.policy
+    policy = sandbox.policy
     args = parse_args(raw_args, policy)
     timeout_s = args.timeout_s or policy.run.default_timeout_s
-    lock = manager.lock(conversation_id)
+    lock = sandbox.lock()
     if not _acquire(lock, control):
         return not_started(args.script_path)
     try:
-        return _run_locked(manager, conversation_id, args, timeout_s, control)
+        return _run_locked(sandbox, args, timeout_s, control)
     finally:
         lock.release()  # as soon as the run has ended: the conversation's next call starts at once
 
@@ -166,16 +166,13 @@ def _exec_control(control: CallControl | None, timeout_s: float) -> CallControl 
 
 
 def _run_locked(
-    manager: SandboxManager,
-    conversation_id: str,
-    args: RunPythonArgs,
-    timeout_s: float,
-    control: CallControl | None,
+    handle: SandboxHandle, args: RunPythonArgs, timeout_s: float, control: CallControl | None
 ) -> RunPythonResult:
-    policy = manager.policy
-    sandbox = manager.get_or_create(conversation_id)
-    root = manager.store.results_root(sandbox.folders)
-    run_number = manager.state.next_run_number(conversation_id)
+    policy = handle.policy
+    backend = handle.backend
+    sandbox = handle.start()
+    root = handle.root()
+    run_number = handle.next_run_number()
     try:
         script = _script(root, args, run_number, policy.store.read_max_bytes)
     except (PathRejected, PathNotFound):
@@ -184,9 +181,9 @@ def _run_locked(
         if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
             raise
         logger.info("saving inline code failed: the results folder is full (%s)", exc)
-        usage = manager.store.usage(sandbox.folders)
+        usage = handle.usage()
         return not_saved(usage.used_bytes, usage.limit_bytes)
-    oom_before = manager.backend.oom_kill_count(sandbox.container_id)
+    oom_before = backend.oom_kill_count(sandbox.container_id)
     caps = (policy.run.stdout_max_bytes, policy.run.stderr_max_bytes)
     request = ExecRequest(
         command=runner_command(policy, timeout_s, (PYTHON, script, *args.args)),
@@ -200,29 +197,28 @@ def _run_locked(
     exec_control = _exec_control(control, timeout_s)
     try:
         try:
-            result = manager.backend.exec(sandbox.container_id, request, exec_control)
+            result = backend.exec(sandbox.container_id, request, exec_control)
         except SandboxGone:
             # removed or stopped from outside since this process last used it: nothing ran; start afresh
-            logger.info("sandbox of %s is gone; starting a new one", conversation_id)
-            manager.forget(conversation_id)
-            sandbox = manager.get_or_create(conversation_id)
-            result = manager.backend.exec(sandbox.container_id, request, exec_control)
+            logger.info("sandbox of %s is gone; starting a new one", handle.conversation_id)
+            sandbox = handle.replace()
+            result = backend.exec(sandbox.container_id, request, exec_control)
     except EngineLost:
-        manager.abandon(sandbox, f"the engine went away during run {run_number}")
+        handle.abandon(sandbox, f"the engine went away during run {run_number}")
         raise
     result, verdict = read_runner_verdict(result)
-    outcome = run_outcome(manager.backend, policy, sandbox.container_id, result, verdict, oom_before)
+    outcome = run_outcome(backend, policy, sandbox.container_id, result, verdict, oom_before)
     removed = outcome.removed
-    _tend(manager, sandbox, result, verdict, run_number, removed=removed)
+    _tend(handle, sandbox, result, verdict, run_number, removed=removed)
     status = outcome.status
-    breach = _quota_breach(manager, sandbox, result) if status in ("ok", "error") and not removed else None
+    breach = _quota_breach(handle, result) if status in ("ok", "error") and not removed else None
     if breach is not None:
         status = "quota_exceeded"
     return finish(policy, root, script, run_number, result, verdict, status, timeout_s, breach, removed=removed)
 
 
 def _tend(
-    manager: SandboxManager,
+    handle: SandboxHandle,
     sandbox: Sandbox,
     result: ExecResult,
     verdict: RunnerVerdict | None,
@@ -232,10 +228,10 @@ def _tend(
 ) -> None:
     """Leave the sandbox fit for the next run: forget a removed or ended one, restart one the run got around."""
     if removed:
-        manager.discard(sandbox, f"removed from outside during run {run_number}")
+        handle.discard(sandbox, f"removed from outside during run {run_number}")
     elif result.container_died:
         # gVisor ends its whole sandbox when the code exhausts memory or processes
-        manager.discard(sandbox, f"the sandbox ended during run {run_number}")
+        handle.discard(sandbox, f"the sandbox ended during run {run_number}")
     elif (
         result.over_cap is not None
         or result.deadline_hit
@@ -250,22 +246,22 @@ def _tend(
             result.over_cap
             or ("cancel" if result.cancelled else "deadline" if result.deadline_hit else "left running"),
         )
-        manager.restart(sandbox)
+        handle.restart(sandbox)
     if not (result.container_died or removed):
-        manager.touch(sandbox)
+        handle.touch(sandbox)
 
 
-def _quota_breach(manager: SandboxManager, sandbox: Sandbox, result: ExecResult) -> QuotaUsage | None:
+def _quota_breach(handle: SandboxHandle, result: ExecResult) -> QuotaUsage | None:
     """The folder's usage when the run ran into the disk quota, else None.
 
     ``loop``: the script failed on ENOSPC and the results filesystem is nearly full — a full ``/tmp`` gives
     the same error, but leaves the results folder with room. ``measured``: the folder is over the quota after
     the run (writes during it were not stopped).
     """
-    if sandbox.folders.quota_mode == "measured":
-        usage = manager.store.usage(sandbox.folders)
+    if handle.folders.quota_mode == "measured":
+        usage = handle.usage()
         return usage if usage.used_bytes > usage.limit_bytes else None
     if result.exit_code == 0 or not _NO_SPACE.search(decode(result.stderr[-8192:])):
         return None
-    usage = manager.store.usage(sandbox.folders)
+    usage = handle.usage()
     return usage if usage.free_bytes <= max(_NEARLY_FULL_BYTES, usage.limit_bytes // 20) else None

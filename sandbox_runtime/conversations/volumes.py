@@ -3,8 +3,8 @@
 When a conversation's sandbox is reaped, closed or swept as an orphan (and this process has not used its folders
 within ``idle_timeout_s``), its volume is unmounted and its loop device detached, unless a sandbox still runs on
 it, a short look reads it, another live process holds it, or it is busy (then it stays mounted and this is
-logged). The next use mounts it again. Every check and unmount runs under the state directory's
-:class:`~sandbox_runtime.sandbox.holds.HostLock`.
+logged). The next use mounts it again. Every check and unmount runs under the conversation's host-wide lock
+(:class:`~sandbox_runtime.sandbox.holds.HostLocks`), the one the sandbox manager checks its claims under.
 """
 
 from __future__ import annotations
@@ -14,13 +14,13 @@ import dataclasses
 import logging
 import os
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 from sandbox_runtime.errors import QuotaError, SandboxError
-from sandbox_runtime.sandbox.backend import ContainerInfo, SandboxBackend
-from sandbox_runtime.sandbox.holds import HostLock, own_hold
-from sandbox_runtime.sandbox.profile import LABEL_CONVERSATION, LABEL_RUNTIME, LABEL_STATE_DIR
+from sandbox_runtime.sandbox.holds import own_hold
+from sandbox_runtime.sandbox.manager import SandboxManager
+from sandbox_runtime.sandbox.profile import LABEL_CONVERSATION
 from sandbox_runtime.state import StateDB
 from sandbox_runtime.store.folders import ConversationStore, validate_conversation_id
 from sandbox_runtime.store.quota import attached_loop_images, release_loop_quota
@@ -29,22 +29,16 @@ __all__ = ["QuotaVolumes", "release_orphan_volume"]
 
 logger = logging.getLogger(__name__)
 
-_USING_STATES = frozenset({"running", "paused", "restarting", "removing"})  # a container that may have the folder
-
 
 @dataclasses.dataclass(eq=False, kw_only=True)
 class QuotaVolumes:
-    """Releases the quota volumes of one state directory for one process (its lease); ``lock`` gives a
-    conversation's lock in this process, ``forget`` drops what the process knows of its sandbox."""
+    """Releases the quota volumes of one state directory for one process (the manager's lease), under the
+    manager's locks; a released conversation's sandbox is forgotten by the manager (the next use asks the
+    engine)."""
 
-    backend: SandboxBackend
+    manager: SandboxManager
     store: ConversationStore
     state: StateDB
-    host_lock: HostLock
-    lease_id: str
-    state_dir_label: str
-    lock: Callable[[str], threading.RLock]
-    forget: Callable[[str], None]
     # conversation id: how many short looks read its folders right now
     _looking: dict[str, int] = dataclasses.field(default_factory=dict, init=False)
     _looking_guard: threading.Lock = dataclasses.field(default_factory=threading.Lock, init=False)
@@ -64,24 +58,16 @@ class QuotaVolumes:
                 else:
                     del self._looking[conversation_id]
 
-    def _using_containers(self, conversation_id: str | None = None) -> list[ContainerInfo]:
-        """Containers of this state directory (of one conversation, whatever their other labels) that may have
-        their folder mounted."""
-        labels = {LABEL_RUNTIME: "1", LABEL_STATE_DIR: self.state_dir_label}
-        if conversation_id is not None:
-            labels[LABEL_CONVERSATION] = conversation_id
-        return [c for c in self.backend.list_containers(labels) if c.status in _USING_STATES]
-
     def release(self, conversation_id: str, *, used_before: float | None = None) -> bool:
         """Unmount the conversation's quota volume and drop this process's hold; the caller holds the
         conversation's lock. Nothing happens while :meth:`_in_use` (this process's hold is dropped when another
         live process holds it: the last holder releases it) or while it is busy (logged). True when released."""
         record = self.state.conversation(conversation_id)
         if record is None:
-            self.state.leases.drop_hold(self.lease_id, conversation_id)
+            self.state.leases.drop_hold(self.manager.lease.id, conversation_id)
             return False
         folders = self.store.folders(conversation_id, quota_mode=record.quota_mode)  # type: ignore[arg-type]
-        with self.host_lock():
+        with self.manager.host_lock(conversation_id):
             if self._in_use(conversation_id, used_before):
                 return False
             try:
@@ -90,14 +76,14 @@ class QuotaVolumes:
                 logger.warning("could not release the quota volume of %s: %s", conversation_id, exc)
                 return False
             if released:
-                self.state.leases.drop_hold(self.lease_id, conversation_id)
-                self.forget(conversation_id)
+                self.state.leases.drop_hold(self.manager.lease.id, conversation_id)
+                self.manager.forget(conversation_id)
             return released
 
     def release_if_free(self, conversation_id: str, *, used_before: float) -> bool:
         """:meth:`release`, unless the conversation is in use in this process right now (its lock is taken: the
         reaper sees to it later)."""
-        lock = self.lock(conversation_id)
+        lock = self.manager.lock(conversation_id)
         if not lock.acquire(blocking=False):
             return False
         try:
@@ -107,18 +93,18 @@ class QuotaVolumes:
 
     def _in_use(self, conversation_id: str, used_before: float | None) -> bool:
         """Whether the volume must stay mounted: a look reads it, this process used it after ``used_before``, a
-        sandbox has it mounted, or another live process holds it; under the state directory's lock."""
+        sandbox has it mounted, or another live process holds it; under the conversation's host-wide lock."""
         with self._looking_guard:
             if self._looking.get(conversation_id):
                 return True
         holds = self.state.leases.live_holds(conversation_id)
-        mine = own_hold(holds, self.lease_id)
+        mine = own_hold(holds, self.manager.lease.id)
         if used_before is not None and mine is not None and mine.used_at > used_before:
             return True  # used lately: stays mounted until it is idle
-        if self._using_containers(conversation_id):
+        if self.manager.mounting(conversation_id):
             return True  # a sandbox has it mounted (this process's hold, if any, stays with it)
-        if any(h.lease_id != self.lease_id for h in holds):
-            self.state.leases.drop_hold(self.lease_id, conversation_id)  # the last live holder releases it
+        if any(h.lease_id != self.manager.lease.id for h in holds):
+            self.state.leases.drop_hold(self.manager.lease.id, conversation_id)  # the last live holder releases it
             return True
         return False
 
@@ -126,7 +112,7 @@ class QuotaVolumes:
         """Release the mounted loop volumes of this state directory's conversations that no sandbox uses, no
         other live process holds and this process has not used after ``idle_before`` (e.g. after a crash);
         returns the conversations released."""
-        using = {c.labels.get(LABEL_CONVERSATION) for c in self._using_containers()}
+        using = {c.labels.get(LABEL_CONVERSATION) for c in self.manager.mounting()}
         attached = attached_loop_images()
         released = []
         for record in self.state.conversations():
@@ -142,10 +128,10 @@ class QuotaVolumes:
     def release_idle_holds(self, idle_before: float) -> None:
         """Release the volumes of conversations this process holds without a running sandbox and has not used
         after ``idle_before``."""
-        holds = [h for h in self.state.leases.holds(lease_id=self.lease_id) if h.used_at <= idle_before]
+        holds = [h for h in self.state.leases.holds(lease_id=self.manager.lease.id) if h.used_at <= idle_before]
         if not holds:
             return
-        using = {c.id for c in self._using_containers()}
+        using = {c.id for c in self.manager.mounting()}
         for hold in holds:
             if hold.container_id is not None and hold.container_id in using:
                 continue  # its sandbox runs; reaped (and then released) when idle
@@ -153,13 +139,22 @@ class QuotaVolumes:
 
     def release_unrecorded(self, conversation_id: str) -> None:
         """Release the loop volume of a conversation the state database does not know (its sandbox was just
-        removed), unless it is in use; the caller holds the conversation's lock."""
-        with self.host_lock():
-            if self.store.quota_mode == "loop" and not self._in_use(conversation_id, None):
+        removed), unless it is in use (its lock is taken, or a look, a sandbox or another process uses it)."""
+        lock = self.manager.lock(conversation_id)
+        if not lock.acquire(blocking=False):
+            return
+        try:
+            with self.manager.host_lock(conversation_id):
+                if self.store.quota_mode != "loop" or self.state.knows_conversation(conversation_id):
+                    return
+                if self._in_use(conversation_id, None):
+                    return
                 try:
                     self.store.release(self.store.folders(conversation_id, quota_mode="loop"))
                 except (QuotaError, ValueError) as exc:
                     logger.warning("could not release the volume of orphan %s: %s", conversation_id, exc)
+        finally:
+            lock.release()
 
 
 def release_orphan_volume(state_dir: str, conversation_id: str | None) -> None:

@@ -1,0 +1,193 @@
+"""The conversation service: one state directory's conversations, apart from their containers.
+
+It owns what a conversation is on the host — its folders (made, and with quota mode ``loop`` mounted, only while
+in use), its record in the state database, its lock in this process, its run numbers — and ends it: ``close``
+(the sandbox goes, the folders stay) and ``delete`` (everything goes). Containers are the
+:class:`~sandbox_runtime.sandbox.manager.SandboxManager`'s: the service hands it the results folder to bind and
+releases a conversation's quota volume once no container uses it (:mod:`~sandbox_runtime.conversations.volumes`).
+
+A conversation deleted by another runtime or process starts afresh here on its next use: what this process knew of
+its sandbox is dropped, and its folders and record are made anew.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+from sandbox_runtime.conversations.handle import SandboxHandle
+from sandbox_runtime.conversations.volumes import QuotaVolumes, release_orphan_volume
+from sandbox_runtime.policy import Policy
+from sandbox_runtime.sandbox.backend import SandboxBackend
+from sandbox_runtime.sandbox.canary import CANARY_CONVERSATION
+from sandbox_runtime.sandbox.holds import ConversationLocks, HostLocks
+from sandbox_runtime.sandbox.manager import SandboxManager
+from sandbox_runtime.sandbox.records import Removal, ResultsFolder, Sandbox
+from sandbox_runtime.state import StateDB
+from sandbox_runtime.store.folders import ConversationFolders, ConversationStore
+from sandbox_runtime.store.quota import QuotaUsage
+
+__all__ = ["ConversationService"]
+
+logger = logging.getLogger(__name__)
+
+_CANARY_QUOTA_BYTES = 16 * 1024 * 1024  # the self-check writes a few bytes and probes the quota's edge
+
+
+class ConversationService:
+    """The conversations of one state directory, and (through its manager) their sandboxes."""
+
+    def __init__(
+        self,
+        backend: SandboxBackend,
+        policy: Policy,
+        store: ConversationStore,
+        state: StateDB,
+        image: str,
+        *,
+        extra_labels: dict[str, str] | None = None,
+    ) -> None:
+        self.policy = policy
+        self.store = store
+        self.state = state
+        self.manager = SandboxManager(
+            backend,
+            policy,
+            state,
+            image,
+            state_dir=store.state_dir,
+            locks=ConversationLocks(),
+            host_locks=HostLocks(Path(store.state_dir) / "locks"),
+            canary_folder=self._canary_folder,
+            extra_labels=extra_labels,
+        )
+        self.volumes = QuotaVolumes(manager=self.manager, store=store, state=state)
+
+    def lock(self, conversation_id: str) -> threading.RLock:
+        """The lock that serialises everything done in one conversation's sandbox, in this process."""
+        return self.manager.lock(conversation_id)
+
+    # folders -------------------------------------------------------------------------------------------
+    def folders(self, conversation_id: str, *, use: bool = True) -> ConversationFolders:
+        """The conversation's folders (made and mounted when needed), recorded in the state database, and held
+        by this process (``use=False``: for a short look, which does not count as a use).
+
+        One at a time per conversation, across the processes of the state directory (under its host-wide lock,
+        apart from its lock in this process so that a running script does not hold up the conversation's other
+        tools): calls that arrive together must not mount twice, and no other process unmounts what this one
+        just claimed. Other conversations are not held up, even while this one's volume is made."""
+        manager = self.manager
+        with manager.host_lock(conversation_id):
+            record = self.state.conversation(conversation_id)
+            if record is None:
+                self._drop_deleted(conversation_id)
+            mode = self.store.quota_mode if record is None else record.quota_mode
+            folders = self.store.folders(conversation_id, quota_mode=mode)  # type: ignore[arg-type]
+            self.state.leases.hold(manager.lease.id, conversation_id, manager.digest, manager.clock(), use=use)
+            self.store.prepare(folders)
+            self.state.ensure_conversation(conversation_id, folders.quota_mode, folders.quota_bytes)
+            return folders
+
+    @contextlib.contextmanager
+    def borrowed(self, conversation_id: str) -> Iterator[ConversationFolders]:
+        """The conversation's folders for a short look (its disk use, retention): mounted for the look when they
+        were not, and released again afterwards when nothing uses them (no sandbox, no use by this or another
+        process)."""
+        try:
+            with self.volumes.looking(conversation_id):
+                yield self.folders(conversation_id, use=False)
+        finally:
+            idle_before = self.manager.idle_before(self.manager.clock())
+            self.volumes.release_if_free(conversation_id, used_before=idle_before)
+
+    def usage(self, conversation_id: str) -> QuotaUsage:
+        """Bytes used in the results folder against the quota (a short look)."""
+        with self.borrowed(conversation_id) as folders:
+            return self.store.usage(folders)
+
+    def next_run_number(self, conversation_id: str) -> int:
+        """The conversation's next run number (``ConversationDeleted`` when it was deleted meanwhile)."""
+        return self.state.next_run_number(conversation_id)
+
+    # sandboxes ------------------------------------------------------------------------------------------
+    def sandbox(self, conversation_id: str) -> Sandbox:
+        """The conversation's running sandbox, started (or re-attached) when needed."""
+        with self.lock(conversation_id):
+            if not self.state.knows_conversation(conversation_id):
+                self._drop_deleted(conversation_id)
+            return self.manager.get_or_create(conversation_id, lambda: self._bind(conversation_id))
+
+    def handle(self, conversation_id: str, folders: ConversationFolders | None = None) -> SandboxHandle:
+        """What a tool uses of the conversation's sandbox (``folders``: already made for this call)."""
+        return SandboxHandle(self, conversation_id, folders or self.folders(conversation_id))
+
+    def _bind(self, conversation_id: str) -> ResultsFolder:
+        folders = self.folders(conversation_id)
+        return ResultsFolder(str(folders.results), folders.quota_mode)
+
+    def _drop_deleted(self, conversation_id: str) -> None:
+        """The conversation has no record: when this process knew a sandbox of it, it was deleted elsewhere."""
+        if self.manager.known(conversation_id) is not None:
+            logger.info("conversation %s was deleted elsewhere; starting it afresh", conversation_id)
+            self.manager.forget(conversation_id)
+
+    @contextlib.contextmanager
+    def _canary_folder(self) -> Iterator[ResultsFolder]:
+        """The self-check's results folder, apart from every conversation's, removed after the check."""
+        folders = self.store.canary_folders(quota_bytes=_CANARY_QUOTA_BYTES)
+        self.store.prepare(folders)
+        try:
+            yield ResultsFolder(str(folders.results), folders.quota_mode)
+        finally:
+            self.store.delete(folders)
+
+    # ending ---------------------------------------------------------------------------------------------
+    def close(self, conversation_id: str) -> bool:
+        """End the conversation's sandbox and release its quota volume (unless another live process holds it);
+        its folders stay. True when a sandbox was running."""
+        with self.lock(conversation_id):
+            removed = self.manager.close(conversation_id)
+            if not self.volumes.release(conversation_id):  # done with it: the next gc releases it
+                self.state.leases.touch_hold(self.manager.lease.id, conversation_id, 0.0)
+        return bool(removed)
+
+    def delete(self, conversation_id: str) -> None:
+        """End the sandbox and delete every file and record of the conversation (results, outputs, quota volume,
+        stored results)."""
+        with self.lock(conversation_id):
+            self.close(conversation_id)
+            record = self.state.conversation(conversation_id)
+            if record is not None:
+                mode = record.quota_mode
+                self.store.delete(self.store.folders(conversation_id, quota_mode=mode))  # type: ignore[arg-type]
+                self.state.forget_conversation(conversation_id)
+            self.manager.host_lock.remove(conversation_id)
+
+    def reap(self) -> list[Removal]:
+        """Remove the sandboxes that are idle, too old or stopped (never one another live process holds), then
+        release the quota volumes this process no longer uses."""
+        idle_before = self.manager.idle_before(self.manager.clock())
+        removals = self.manager.reap()
+        for removal in removals:
+            if removal.conversation_id:
+                self.volumes.release_if_free(removal.conversation_id, used_before=idle_before)
+        self.volumes.release_idle_holds(idle_before)
+        return removals
+
+    def sweep(self) -> list[Removal]:
+        """Remove the containers no runtime owns and release their volumes, reap, then release the volumes
+        nothing uses (see :meth:`QuotaVolumes.release_unused`)."""
+        removals = self.manager.sweep_orphans()
+        for removal in removals:
+            conversation = removal.conversation_id
+            if removal.state_dir != self.manager.state_dir_label:
+                if removal.state_dir:
+                    release_orphan_volume(removal.state_dir, conversation)
+            elif conversation and conversation != CANARY_CONVERSATION:
+                self.volumes.release_unrecorded(conversation)
+        removals += self.reap()
+        self.volumes.release_unused(self.manager.idle_before(self.manager.clock()))
+        return removals

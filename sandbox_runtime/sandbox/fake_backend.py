@@ -1,0 +1,216 @@
+"""A backend with no engine: containers are records in this process, commands run as host processes on the real
+results folder. For hosts to test their integration (turns, spill, exports, their own tools) without Docker, and
+for the conformance suite to hold the seam to one contract.
+
+It confines nothing, and says so (``not_enforced``; the self-check reports the list instead of probing): code
+runs as this process's user with its network, its whole filesystem and no memory, CPU or pids limit. What it
+keeps is the contract the rest of the runtime relies on: labels, listing, inspect, re-attach by label within the
+process, restart and remove ending a running command, ``SandboxGone`` for a removed container, the runner's
+statuses (exit codes, time limit with grace, output caps and the verdict record), the host's caps and deadline,
+cancel and progress.
+
+Paths: the results folder is the spec's one bind mount. Its in-sandbox path (``/mnt/results``) is rewritten to
+the host folder in a command's arguments, its working directory and its environment (``SANDBOX_RESULTS``); code
+that spells the in-sandbox path itself will not find it, so write code that uses relative paths or
+``os.environ["SANDBOX_RESULTS"]``. The image's interpreter is this process's own (``sys.executable``).
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import secrets
+import signal
+import subprocess
+import sys
+import threading
+from dataclasses import dataclass, field
+
+from sandbox_runtime.control import CallControl
+from sandbox_runtime.errors import SandboxError, SandboxGone
+from sandbox_runtime.sandbox.backend import (
+    ContainerInfo,
+    ContainerSpec,
+    EngineInfo,
+    ExecRequest,
+    ExecResult,
+    HostFacts,
+    SandboxBackend,
+)
+from sandbox_runtime.sandbox.fake_run import RunnerLimits, run_command
+from sandbox_runtime.sandbox.profile import PYTHON, RUNNER, end_all_command
+
+__all__ = ["FakeBackend"]
+
+_RUNNER_PREFIX = (PYTHON, "-I", "-S", RUNNER)
+_RUNNER_ARGS = 5  # timeout, grace, stdout cap, stderr cap, nproc
+
+
+@dataclass(eq=False)
+class _Container:
+    spec: ContainerSpec
+    id: str
+    running: bool = True
+    runs: set[subprocess.Popen[bytes]] = field(default_factory=set)
+
+    def info(self) -> ContainerInfo:
+        return ContainerInfo(
+            id=self.id,
+            labels=dict(self.spec.labels),
+            running=self.running,
+            status="running" if self.running else "exited",
+            exit_code=None if self.running else 137,
+        )
+
+
+class FakeBackend(SandboxBackend):
+    """Containers as records, commands as host processes: see the module's docstring for what it leaves out."""
+
+    confines = False
+    not_enforced = (
+        "network: the code has this host's network",
+        "identity: the code runs as this process's user, with its capabilities",
+        "filesystem: the code sees and may change this host's files; only the results folder is as in a sandbox",
+        "resources: no memory, CPU or pids limit (no memory_limit status), no disk quota beyond the store's own",
+        "processes: a process that leaves its run's session is not ended",
+    )
+
+    def __init__(self) -> None:
+        self._containers: dict[str, _Container] = {}
+        self._guard = threading.Lock()
+
+    def engine_info(self) -> EngineInfo:
+        return EngineInfo(
+            engine_version="fake",
+            api_version="-",
+            kernel_version=platform.release(),
+            operating_system=f"{platform.system()} (no engine: {type(self).__name__})",
+            cgroup_version="-",
+            cgroup_driver="-",
+            runtimes=("fake",),
+            default_runtime="fake",
+            runc_version=None,
+            security_options=(),
+        )
+
+    def image_exists(self, reference: str) -> bool:
+        return True  # there is no image: commands run with this process's interpreter
+
+    # containers -------------------------------------------------------------------------------------------
+    def create_and_start(self, spec: ContainerSpec) -> ContainerInfo:
+        if len(spec.mounts) != 1:
+            raise SandboxError(f"the fake backend needs exactly one bind mount (the results folder), not {spec.mounts}")
+        container = _Container(spec=spec, id=secrets.token_hex(32))
+        with self._guard:
+            self._containers[container.id] = container
+        return container.info()
+
+    def list_containers(self, labels: dict[str, str]) -> list[ContainerInfo]:
+        with self._guard:
+            found = list(self._containers.values())
+        return [c.info() for c in found if labels.items() <= c.spec.labels.items()]
+
+    def inspect(self, container_id: str) -> ContainerInfo | None:
+        with self._guard:
+            container = self._containers.get(container_id)
+        return None if container is None else container.info()
+
+    def remove(self, container_id: str) -> None:
+        with self._guard:
+            container = self._containers.pop(container_id, None)
+        if container is not None:
+            container.running = False
+            self._end_runs(container)
+
+    def restart(self, container_id: str) -> None:
+        container = self._container(container_id)
+        self._end_runs(container)
+        container.running = True
+
+    def stop(self, container_id: str) -> None:
+        """End the container's commands and mark it stopped, as ``docker stop`` would (for tests of a sandbox
+        stopped from outside)."""
+        container = self._container(container_id)
+        container.running = False
+        self._end_runs(container)
+
+    def _container(self, container_id: str) -> _Container:
+        with self._guard:
+            container = self._containers.get(container_id)
+        if container is None:
+            raise SandboxGone(f"sandbox {container_id[:12]} is gone")
+        return container
+
+    def _end_runs(self, container: _Container) -> None:
+        with self._guard:
+            runs = list(container.runs)
+        for process in runs:
+            try:
+                os.killpg(process.pid, signal.SIGKILL)  # each run is a session of its own
+            except (ProcessLookupError, PermissionError):
+                continue
+
+    # commands ---------------------------------------------------------------------------------------------
+    def exec(self, container_id: str, request: ExecRequest, control: CallControl | None = None) -> ExecResult:
+        container = self._container(container_id)
+        if not container.running:
+            raise SandboxGone(f"sandbox {container_id[:12]} has stopped")
+        if control is not None and control.is_cancelled:
+            return ExecResult.cancelled_before_start()
+        if tuple(request.command) == end_all_command():
+            self._end_runs(container)
+            return ExecResult(
+                exit_code=0, stdout=b"", stderr=b"", stdout_bytes_total=0, stderr_bytes_total=0, duration_s=0.0
+            )
+        command, runner = _split_runner(tuple(request.command))
+        mount = container.spec.mounts[0]
+
+        def host_path(value: str) -> str:
+            inside = mount.container_path.rstrip("/")
+            if value == inside or value.startswith(inside + "/"):
+                return mount.host_path + value[len(inside) :]
+            return value
+
+        argv = [sys.executable if part == PYTHON else host_path(part) for part in command]
+
+        held: list[subprocess.Popen[bytes]] = []  # this run's process, while it runs
+
+        def track(process: subprocess.Popen[bytes] | None) -> None:
+            with self._guard:
+                if process is not None:
+                    container.runs.add(process)
+                    held.append(process)
+                else:
+                    container.runs.difference_update(held)
+
+        return run_command(
+            argv,
+            cwd=host_path(request.working_dir),
+            environment={key: host_path(value) for key, value in request.environment.items()},
+            caps=(request.stdout_max_bytes, request.stderr_max_bytes),
+            deadline_s=request.deadline_s,
+            runner=runner,
+            control=control,
+            track=track,
+        )
+
+    def oom_kill_count(self, container_id: str) -> int | None:
+        return None  # no memory limit, no counter
+
+    def host_facts(self, container_id: str) -> HostFacts:
+        return HostFacts(runtime="fake")
+
+    def close(self) -> None:
+        """Nothing to release: the containers stay (another runtime of this process may re-attach them)."""
+
+
+def _split_runner(command: tuple[str, ...]) -> tuple[tuple[str, ...], RunnerLimits | None]:
+    """The program and the runner's limits when ``command`` is the runner's command line, else the command."""
+    if command[: len(_RUNNER_PREFIX)] != _RUNNER_PREFIX:
+        return command, None
+    values = command[len(_RUNNER_PREFIX) : len(_RUNNER_PREFIX) + _RUNNER_ARGS]
+    program = command[len(_RUNNER_PREFIX) + _RUNNER_ARGS :]
+    if len(values) < _RUNNER_ARGS or not program:
+        raise SandboxError(f"not a runner command line: {command!r}")
+    limits = RunnerLimits(float(values[0]), float(values[1]), int(values[2]), int(values[3]))
+    return program, limits
