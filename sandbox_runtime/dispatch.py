@@ -28,7 +28,6 @@ import time
 import uuid
 from collections import Counter
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from sandbox_runtime.approval import Approver
@@ -44,13 +43,13 @@ from sandbox_runtime.spill.spiller import result_text, spill_result
 from sandbox_runtime.spill.streamed import TableStream
 from sandbox_runtime.state import StateDB
 from sandbox_runtime.tools.base import ToolContext, ToolSpec
+from sandbox_runtime.workers import Workers
 
 __all__ = ["Dispatcher", "HostResult", "PreparedCall", "ToolCall", "ToolOutcome", "TurnReport"]
 
 logger = logging.getLogger(__name__)
 
 _CALL_ID_MAX_CHARS = 200
-_PARALLEL_CALLS_MAX = 8
 
 
 @dataclass
@@ -75,6 +74,7 @@ class Dispatcher:
         policy: Policy,
         tools: dict[str, ToolSpec],
         context: Callable[[str], ToolContext],
+        workers: Workers,
         clock: Callable[[], float] = time.time,
         approver: Approver | None = None,
     ) -> None:
@@ -82,6 +82,7 @@ class Dispatcher:
         self.policy = policy
         self.tools = tools  # the runtime's own mapping: tools it registers later are seen here too
         self._context = context
+        self._workers = workers
         self._clock = clock
         self.runner = CallRunner(policy, tools, approver, clock)
 
@@ -218,8 +219,7 @@ class Dispatcher:
         if sum(isinstance(item, ToolCall) and item.call_id not in stored for item in items) <= 1:
             done = [prepare(item) for item in items]
         else:
-            with ThreadPoolExecutor(max_workers=_PARALLEL_CALLS_MAX, thread_name_prefix="sandbox-runtime-call") as pool:
-                done = list(pool.map(prepare, items))
+            done = self._workers.map(prepare, items)  # the runtime's one pool
         prepared = [p for p in done if isinstance(p, PreparedCall)]
         failures = [
             (item.call_id or "", p) for item, p in zip(items, done, strict=True) if isinstance(p, BaseException)

@@ -152,6 +152,14 @@ class ToolsPolicy(_Model):
         1 * MiB, description="Largest arguments file delegate_call reads (checked before it is read whole)."
     )
     render_rows_max: PositiveInt = Field(2000, description="Most rows render_table draws as Markdown.")
+    parallel_calls_max: int = Field(
+        32,
+        ge=1,
+        le=1024,
+        description="Calls a runtime runs at once in its one pool of workers, across all its conversations: the "
+        "built-in calls of multi-call turns and MCP tasks; more wait for a free worker. A turn of one call runs in "
+        "the caller's own thread.",
+    )
     sort_memory_rows_max: PositiveInt = Field(
         100_000,
         description="Rows (of up to 10 columns; wider rows count proportionally) export_table sorts in memory "

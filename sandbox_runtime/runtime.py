@@ -52,6 +52,7 @@ from sandbox_runtime.store.folders import ConversationStore
 from sandbox_runtime.tools.base import ToolContext, ToolSpec
 from sandbox_runtime.tools.builtin import builtin_tools
 from sandbox_runtime.tools.host import host_tool
+from sandbox_runtime.workers import Workers
 
 __all__ = ["Conversation", "Runtime", "default_state_dir"]
 
@@ -120,35 +121,28 @@ class Runtime:
         self.tools: dict[str, ToolSpec] = builtin_tools(self.policy)
         self._builtin_names = frozenset(self.tools)
         self._tools_guard = threading.Lock()
-        self.dispatcher = Dispatcher(self.state, self.policy, self.tools, self._tool_context, approver=approver)
-        self._stop = threading.Event()
-        self._threads: list[threading.Thread] = []
+        # every thread of the runtime: the pool of parallel calls, the background jobs, services it owns
+        self.workers = Workers(
+            self.policy.tools.parallel_calls_max, name=f"sandbox-runtime-{self.manager.lease.id[:8]}"
+        )
+        self.dispatcher = Dispatcher(
+            self.state, self.policy, self.tools, self._tool_context, self.workers, approver=approver
+        )
         self._closed = False
         if sweep_on_start:
             try:
                 self.conversations.sweep()
             except BaseException:
+                self.workers.close()
                 self.manager.end_lease()  # no runtime came of it: nothing of this process holds anything
                 self.state.close()
                 raise
         if reap_interval_s is not None:
-            self._every(reap_interval_s, "reaper", self.conversations.reap)
+            self.workers.every(reap_interval_s, "reaper", self.conversations.reap)
         if retention_interval_s == "policy":
             retention_interval_s = self.policy.spill.retention_interval_s
         if retention_interval_s is not None:
-            self._every(retention_interval_s, "retention", self.expire_files)
-
-    def _every(self, interval_s: float, name: str, job: Callable[[], object]) -> None:
-        def loop() -> None:
-            while not self._stop.wait(interval_s):
-                try:
-                    job()
-                except Exception:
-                    logger.exception("the %s job failed; trying again in %s s", name, interval_s)
-
-        thread = threading.Thread(target=loop, name=f"sandbox-runtime-{name}", daemon=True)
-        thread.start()
-        self._threads.append(thread)
+            self.workers.every(retention_interval_s, "retention", self.expire_files)
 
     def _tool_context(self, conversation_id: str) -> ToolContext:
         folders = self.conversations.folders(conversation_id)
@@ -251,14 +245,14 @@ class Runtime:
         return reports
 
     def close(self) -> None:
-        """Stop the background jobs, drop this runtime's lease and release the engine connection; sandboxes (and
-        their mounted volumes) keep running for the next start to re-attach. Closing twice does nothing."""
+        """Stop the background jobs and the services the runtime owns (a gateway registered in it), cancel the
+        calls still waiting for a worker and wait (up to 10 s) for those that run, drop this runtime's lease and
+        release the engine connection; sandboxes (and their mounted volumes) keep running for the next start to
+        re-attach. Closing twice does nothing."""
         if self._closed:
             return
         self._closed = True
-        self._stop.set()
-        for thread in self._threads:
-            thread.join(timeout=10)
+        self.workers.close()  # the jobs, the services it owns (a gateway), then the calls in flight (bounded)
         self.manager.end_lease()
         self.backend.close()
         self.state.close()

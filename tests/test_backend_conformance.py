@@ -155,14 +155,14 @@ def test_progress_is_heard_about_once_a_second_while_a_run_goes_on(subject: Subj
     assert all(total == 30 for _, total in heard)
 
 
-@pytest.mark.parametrize("protection", ["memory"])
-def test_a_script_past_the_memory_limit_ends_as_memory_limit(subject: Subject, protection: str) -> None:
-    if not subject.backend.confines:
-        said = [n for n in subject.backend.not_enforced if "memory" in n]
-        assert said, "a backend that does not limit memory must say so"
-        pytest.skip(f"{type(subject.backend).__name__} declares: {said[0]}")
+def test_a_script_past_the_memory_limit_ends_as_memory_limit_or_the_backend_says_it_sets_none(
+    subject: Subject,
+) -> None:
+    if not subject.backend.confines:  # a backend that does not limit memory must say so, and then it is not tried
+        assert any("memory" in said for said in subject.backend.not_enforced), subject.backend.not_enforced
+        return
     code = "blocks = []\nwhile True: blocks.append(bytearray(64 * 1024 * 1024))"
-    result = subject.make().conversation(protection).run_python(code, timeout_s=60)
+    result = subject.make().conversation("memory").run_python(code, timeout_s=60)
     assert result.status == "memory_limit", result.message
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +18,7 @@ from mcp.shared.exceptions import MCPError
 from sandbox_runtime.control import CallControl
 from sandbox_runtime.mcp.tasks import TaskStore, TrackedTask
 from sandbox_runtime.policy import McpPolicy
+from sandbox_runtime.workers import Workers
 from tests.client_helpers import REPO, require
 from tests.conftest import RuntimeFactory
 from tests.mcp_helpers import http_server
@@ -129,8 +131,15 @@ def _ended(store: TaskStore, work: Any) -> TrackedTask:
     return task
 
 
-def test_a_tool_error_and_a_protocol_error_end_tasks_as_each_generation_says() -> None:
-    store = TaskStore(McpPolicy())
+@pytest.fixture
+def workers() -> Iterator[Workers]:
+    pool = Workers(4, name="test-tasks")
+    yield pool
+    pool.close()
+
+
+def test_a_tool_error_and_a_protocol_error_end_tasks_as_each_generation_says(workers: Workers) -> None:
+    store = TaskStore(McpPolicy(), workers.submit)
     tool_error = types.CallToolResult(content=[types.TextContent(text="no such column")], is_error=True)
     said = _ended(store, lambda: tool_error)
     assert said.view().status == "failed"  # 2025-11-25: isError is a failed task
@@ -149,8 +158,8 @@ def test_a_tool_error_and_a_protocol_error_end_tasks_as_each_generation_says() -
     assert "result" not in crashed
 
 
-def test_task_limits_come_from_the_policy() -> None:
-    store = TaskStore(McpPolicy(task_ttl_default_s=60, task_ttl_max_s=120, tasks_kept_max=1))
+def test_task_limits_come_from_the_policy(workers: Workers) -> None:
+    store = TaskStore(McpPolicy(task_ttl_default_s=60, task_ttl_max_s=120, tasks_kept_max=1), workers.submit)
     release = threading.Event()
 
     def waits() -> types.CallToolResult:

@@ -265,7 +265,9 @@ class Gateway:
         return self._portal.call(self._upstreams[upstream].call, tool, arguments, control)
 
     def register(self, runtime: Runtime) -> list[str]:
-        """Register every listed upstream tool in ``runtime`` as ``<upstream>__<tool>``; return the names."""
+        """Register every listed upstream tool in ``runtime`` as ``<upstream>__<tool>``; return the names. The
+        runtime then owns the gateway: closing it closes the gateway (its upstreams and its event loop) too."""
+        runtime.workers.own(self)
         names = []
         for upstream in self._upstreams.values():
             for tool in upstream.tools:

@@ -108,7 +108,7 @@ class McpService:
         # the conversation of every request that names none (see the module text)
         self.default_conversation = validate_conversation_id(conversation or default_conversation(transport, token))
         self.gate = TurnGate(runtime.dispatcher, wait_s=_TURN_WAIT_S)
-        self.tasks = TaskStore(runtime.policy.mcp)
+        self.tasks = TaskStore(runtime.policy.mcp, runtime.workers.submit)
         self.server: Server[Any] = TaskServer(
             name,
             version=_version(),

@@ -122,7 +122,8 @@ class TrackedTask:
 class TaskStore:
     """The tasks of one server, by conversation (see the module text). Safe to use from any thread."""
 
-    def __init__(self, policy: McpPolicy) -> None:
+    def __init__(self, policy: McpPolicy, run: Callable[[Callable[[], None]], object]) -> None:
+        self._run_in_pool = run  # the runtime's workers (``Workers.submit``)
         self._kept_max = policy.tasks_kept_max
         self._ttl_default_ms = policy.task_ttl_default_s * 1000
         self._ttl_max_ms = policy.task_ttl_max_s * 1000
@@ -136,7 +137,7 @@ class TaskStore:
         control: CallControl,
         work: Callable[[], types.CallToolResult],
     ) -> TrackedTask:
-        """Run ``work`` in a thread of its own as a new task of ``conversation``, and return the task."""
+        """Run ``work`` in the runtime's pool as a new task of ``conversation``, and return the task."""
         ttl = self._ttl_default_ms if ttl_ms is None else max(0, min(ttl_ms, self._ttl_max_ms))
         task = TrackedTask(task_id=uuid.uuid4().hex, conversation=conversation, ttl_ms=ttl, control=control)
         with self._lock:
@@ -146,7 +147,7 @@ class TaskStore:
                     code=types.INTERNAL_ERROR, message=f"{self._kept_max} tasks are still running; try again later"
                 )
             self._tasks[task.task_id] = task
-        threading.Thread(target=self._run, args=(task, work), name=f"task-{task.task_id}", daemon=True).start()
+        self._run_in_pool(lambda: self._run(task, work))
         return task
 
     def _run(self, task: TrackedTask, work: Callable[[], types.CallToolResult]) -> None:
