@@ -39,7 +39,7 @@ from typing import NotRequired, TypedDict
 
 import docker
 
-from sandbox_runtime.runtime import Runtime
+from sandbox_runtime.api.runtime import Runtime
 from sandbox_runtime.sandbox.image import executor_image_tag
 from sandbox_runtime.sandbox.profile import PYTHON, code_user, exec_environment
 

@@ -1,6 +1,6 @@
 """sandbox-runtime: hardened per-conversation sandboxes and a data path that bypasses model output."""
 
-from sandbox_runtime.approval import ApprovalRequest
+from sandbox_runtime.api.runtime import Conversation, Runtime
 from sandbox_runtime.control import CallControl
 from sandbox_runtime.errors import (
     BadTableFile,
@@ -42,8 +42,8 @@ from sandbox_runtime.models import (
     ToolOutcome,
     TurnReport,
 )
+from sandbox_runtime.pipeline.approval import ApprovalRequest
 from sandbox_runtime.policy import Policy, load_policy
-from sandbox_runtime.runtime import Conversation, Runtime
 from sandbox_runtime.sandbox.fake_backend import FakeBackend
 from sandbox_runtime.spill.streamed import TableStream
 from sandbox_runtime.tools.host import HostCall

@@ -2,7 +2,7 @@
 
 import sys
 
-from sandbox_runtime.cli import main
+from sandbox_runtime.cli.main import main
 
 if __name__ == "__main__":
     sys.exit(main())

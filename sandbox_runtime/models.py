@@ -2,8 +2,8 @@
 out (:class:`ToolOutcome`, :class:`TurnReport`), the file a result was saved to (:class:`ResultDescriptor`), the
 stored decision and execution record of a call (:class:`StoredResult`, :class:`CallRecord`), and attachments.
 
-Every layer uses these types as they are; only the state database (:mod:`~sandbox_runtime.state`) turns them into
-rows and back.
+Every layer uses these types as they are; only the state database (:mod:`~sandbox_runtime.state.database`) turns
+them into rows and back.
 """
 
 from __future__ import annotations

@@ -20,9 +20,9 @@ from typing import Any
 
 import pytest
 
+from sandbox_runtime.api.runtime import Runtime
 from sandbox_runtime.errors import EngineUnavailable
 from sandbox_runtime.policy import Policy, load_policy
-from sandbox_runtime.runtime import Runtime
 from sandbox_runtime.sandbox.docker_backend import DockerBackend
 from sandbox_runtime.sandbox.fake_backend import FakeBackend
 from sandbox_runtime.sandbox.image import build_executor_image, executor_image_tag

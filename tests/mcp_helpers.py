@@ -20,7 +20,7 @@ import openpyxl
 from mcp import Client, StdioServerParameters
 from mcp.client.session import ClientRequestContext
 
-from sandbox_runtime.sample_data import SAMPLE_ORDER_COLUMNS
+from sandbox_runtime.cli.sample_data import SAMPLE_ORDER_COLUMNS
 from tests.conftest import SESSION, TEST_LABEL
 
 T = TypeVar("T")
@@ -50,7 +50,7 @@ def run_bounded(scenario: Callable[..., Awaitable[T]], *args: Any, limit_s: floa
 
 def serve_command(state_dir: Path, *serve_args: str, policy: Path | None = None) -> list[str]:
     """The command line of ``sandbox-runtime serve`` run by this interpreter."""
-    command = [sys.executable, "-m", "sandbox_runtime.cli", "--state-dir", str(state_dir)]
+    command = [sys.executable, "-m", "sandbox_runtime.cli.main", "--state-dir", str(state_dir)]
     command += ["--label", f"{TEST_LABEL}={SESSION}"]  # cleaned up by label like every test sandbox
     if policy is not None:
         command += ["--policy", str(policy)]

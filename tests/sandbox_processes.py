@@ -10,7 +10,7 @@ import json
 import textwrap
 from typing import Any
 
-from sandbox_runtime.runtime import Runtime
+from sandbox_runtime.api.runtime import Runtime
 from sandbox_runtime.sandbox.backend import ExecRequest
 from sandbox_runtime.sandbox.profile import LABEL_CONVERSATION, PYTHON
 

@@ -16,10 +16,10 @@ from typing import NamedTuple
 
 import pytest
 
+from sandbox_runtime.api.runtime import Runtime
 from sandbox_runtime.control import CallControl
 from sandbox_runtime.errors import SandboxGone
 from sandbox_runtime.policy import Policy, load_policy
-from sandbox_runtime.runtime import Runtime
 from sandbox_runtime.sandbox.backend import ExecRequest, SandboxBackend
 from sandbox_runtime.sandbox.profile import (
     LABEL_CONVERSATION,

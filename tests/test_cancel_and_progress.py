@@ -21,10 +21,10 @@ from typing import Any
 
 import pytest
 
+from sandbox_runtime.api.runtime import Conversation, Runtime
 from sandbox_runtime.control import CallControl
 from sandbox_runtime.models import ToolCall
 from sandbox_runtime.policy import Policy
-from sandbox_runtime.runtime import Conversation, Runtime
 from sandbox_runtime.tools.run_python import RunPythonResult, run_python
 from tests.sandbox_processes import code_processes, sandbox_container
 

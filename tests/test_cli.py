@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from sandbox_runtime.api.runtime import Runtime
 from sandbox_runtime.errors import EngineUnavailable
-from sandbox_runtime.runtime import Runtime
 from sandbox_runtime.sandbox.docker_backend import DockerBackend
 from sandbox_runtime.sandbox.profile import LABEL_CONVERSATION
 from tests.conftest import SESSION, TEST_LABEL
@@ -27,7 +27,7 @@ pytestmark = pytest.mark.docker
 
 def cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "sandbox_runtime.cli", *args],
+        [sys.executable, "-m", "sandbox_runtime.cli.main", *args],
         capture_output=True,
         text=True,
         timeout=300,

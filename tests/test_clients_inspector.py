@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from sandbox_runtime.sample_data import make_sample_database
+from sandbox_runtime.cli.sample_data import make_sample_database
 from tests.client_helpers import INSPECTOR, REPO, require
 from tests.clients.walk import STDOUT_CODE, STDOUT_LINE
 from tests.mcp_helpers import BUILTIN_TOOLS, serve_command

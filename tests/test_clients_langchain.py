@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from sandbox_runtime.sample_data import make_sample_database
+from sandbox_runtime.cli.sample_data import make_sample_database
 from tests.client_helpers import (
     CALL_TIMEOUT_S,
     LANGCHAIN_PYTHON,

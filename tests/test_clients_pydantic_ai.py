@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from sandbox_runtime.sample_data import make_sample_database
+from sandbox_runtime.cli.sample_data import make_sample_database
 from tests.client_helpers import (
     check_one_conversation_did_the_work,
     check_what_the_model_received,

@@ -15,7 +15,7 @@ import pytest
 from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 
-from sandbox_runtime.sample_data import make_sample_database
+from sandbox_runtime.cli.sample_data import make_sample_database
 from tests.client_helpers import (
     CALL_TIMEOUT_S,
     check_one_conversation_did_the_work,

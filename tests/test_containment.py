@@ -22,8 +22,8 @@ from typing import Any
 
 import pytest
 
+from sandbox_runtime.api.runtime import Conversation, Runtime
 from sandbox_runtime.policy import Policy
-from sandbox_runtime.runtime import Conversation, Runtime
 from sandbox_runtime.sandbox.profile import exec_environment
 from sandbox_runtime.tools.run_python import RunPythonResult
 

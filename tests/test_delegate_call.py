@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 
 from sandbox_runtime import ApprovalRequest, Runtime
-from sandbox_runtime.approval import judge, make_request
 from sandbox_runtime.errors import InvalidToolArguments
+from sandbox_runtime.pipeline.approval import judge, make_request
 from sandbox_runtime.policy import Rule, policy_from_mapping
 from sandbox_runtime.tools.delegate import merge_patch, resolve_pointer
 from tests.conftest import RuntimeFactory

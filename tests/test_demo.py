@@ -15,7 +15,7 @@ DEMO_S = 300
 
 
 def test_the_demo_plays_every_step_and_its_files_open(runtime_factory: RuntimeFactory, served_state: Path) -> None:
-    command = [sys.executable, "-m", "sandbox_runtime.cli", "--state-dir", str(served_state)]
+    command = [sys.executable, "-m", "sandbox_runtime.cli.main", "--state-dir", str(served_state)]
     command += ["--label", f"{TEST_LABEL}={SESSION}", "demo"]
     done = subprocess.run(command, capture_output=True, text=True, timeout=DEMO_S, check=False)
     assert done.returncode == 0, done.stdout + done.stderr

@@ -26,7 +26,7 @@ from pathlib import Path
 import pytest
 from mcp import Client
 
-from sandbox_runtime.conversation import Conversation
+from sandbox_runtime.api.conversation import Conversation
 from sandbox_runtime.errors import EngineLost, EngineUnavailable
 from sandbox_runtime.policy import Policy
 from sandbox_runtime.sandbox.docker_backend import DockerBackend

@@ -29,13 +29,13 @@ from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 
 from sandbox_runtime import Conversation
+from sandbox_runtime.api.runtime import Runtime
+from sandbox_runtime.cli.sample_data import make_sample_database
 from sandbox_runtime.control import CallControl
 from sandbox_runtime.errors import UpstreamError
 from sandbox_runtime.mcp.gateway import Gateway
 from sandbox_runtime.mcp.resources import result_uri
 from sandbox_runtime.policy import McpPolicy, UpstreamServer
-from sandbox_runtime.runtime import Runtime
-from sandbox_runtime.sample_data import make_sample_database
 from tests.conftest import RuntimeFactory
 from tests.mcp_helpers import (
     BUILTIN_TOOLS,

@@ -14,12 +14,12 @@ from pathlib import Path
 
 import pytest
 
-from sandbox_runtime.leases import LeaseRecord, lease_is_alive
+from sandbox_runtime.api.runtime import Runtime
 from sandbox_runtime.policy import Policy, load_policy
 from sandbox_runtime.processes import process_start
-from sandbox_runtime.runtime import Runtime
 from sandbox_runtime.sandbox.manager import Removal
-from sandbox_runtime.state import StateDB
+from sandbox_runtime.state.database import StateDB
+from sandbox_runtime.state.leases import LeaseRecord, lease_is_alive
 from sandbox_runtime.store.quota import loop_devices
 from tests.conftest import SESSION, TEST_LABEL, RuntimeFactory
 
@@ -29,7 +29,7 @@ MiB = 1024 * 1024
 # A runtime in a process of its own: it holds a sandbox of one conversation until it is killed.
 HOLDER = """
 import sys
-from sandbox_runtime.runtime import Runtime
+from sandbox_runtime.api.runtime import Runtime
 state_dir, image, label, session, conversation = sys.argv[1:6]
 runtime = Runtime(state_dir, "default", image=image, extra_labels={label: session}, reap_interval_s=None,
                   retention_interval_s=None)

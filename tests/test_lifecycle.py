@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
+from sandbox_runtime.api.runtime import Runtime
 from sandbox_runtime.errors import InvalidConversationId, SelfCheckFailed
 from sandbox_runtime.policy import load_policy, policy_from_mapping
-from sandbox_runtime.runtime import Runtime
 from sandbox_runtime.sandbox.backend import SandboxBackend
 from sandbox_runtime.sandbox.docker_backend import DockerBackend
 from sandbox_runtime.sandbox.manager import Removal

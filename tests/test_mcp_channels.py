@@ -16,7 +16,7 @@ from jsonschema import Draft202012Validator
 from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 
-from sandbox_runtime.runtime import Runtime
+from sandbox_runtime.api.runtime import Runtime
 from tests.conftest import RuntimeFactory
 from tests.mcp_helpers import (
     BUILTIN_TOOLS,

@@ -16,7 +16,7 @@ from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
 
-from sandbox_runtime.sample_data import make_sample_database
+from sandbox_runtime.cli.sample_data import make_sample_database
 from tests.conftest import RuntimeFactory
 from tests.mcp_helpers import (
     BUILTIN_TOOLS,

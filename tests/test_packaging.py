@@ -57,7 +57,9 @@ def without_mcp(code: str, *, cwd: Path, timeout: float = 120) -> subprocess.Com
 
 
 def cli_without_mcp(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    return without_mcp(f"import sys\nfrom sandbox_runtime.cli import main\nsys.exit(main({list(args)!r}))\n", cwd=cwd)
+    return without_mcp(
+        f"import sys\nfrom sandbox_runtime.cli.main import main\nsys.exit(main({list(args)!r}))\n", cwd=cwd
+    )
 
 
 def test_the_finder_really_refuses_the_extra(tmp_path: Path) -> None:

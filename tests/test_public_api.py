@@ -41,16 +41,16 @@ LAYERS: tuple[tuple[str, frozenset[str]], ...] = (
     ("errors", frozenset({"errors", "control", "processes", "workers"})),
     ("models", frozenset({"models"})),
     ("policy", frozenset({"policy"})),
-    ("state", frozenset({"state", "state_schema", "leases", "records"})),
+    ("state", frozenset({"state"})),
     ("sandbox", frozenset({"sandbox"})),
     ("store", frozenset({"store"})),
     ("conversations", frozenset({"conversations"})),
     ("spill", frozenset({"spill"})),
     ("tools", frozenset({"tools"})),
-    ("pipeline", frozenset({"approval", "execution", "dispatch", "dispatch_results", "turns"})),
-    ("python api", frozenset({"runtime", "conversation", "sample_data"})),
+    ("pipeline", frozenset({"pipeline"})),
+    ("python api", frozenset({"api"})),
     ("mcp", frozenset({"mcp"})),
-    ("cli", frozenset({"cli", "cli_serve", "demo", "__main__", "__init__"})),
+    ("cli", frozenset({"cli", "__main__", "__init__"})),
 )
 
 

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
+from sandbox_runtime.api.runtime import Runtime
 from sandbox_runtime.errors import QuotaError
 from sandbox_runtime.policy import policy_from_mapping
-from sandbox_runtime.runtime import Runtime
 from sandbox_runtime.sandbox.docker_backend import DockerBackend
 from sandbox_runtime.sandbox.profile import LABEL_STATE_DIR
 from sandbox_runtime.store.quota import attached_loop_images, loop_quota_unavailable_reason, resolve_quota_mode
@@ -167,7 +167,7 @@ def test_gc_after_a_crash_leaves_no_loop_device_of_the_state_directory_attached(
         docker_backend.remove(info.id)
     assert len(_attached_under(state)) == 20
     done = subprocess.run(
-        [sys.executable, "-m", "sandbox_runtime.cli", "--state-dir", str(state), "--policy", "default", "gc"],
+        [sys.executable, "-m", "sandbox_runtime.cli.main", "--state-dir", str(state), "--policy", "default", "gc"],
         capture_output=True,
         text=True,
         timeout=300,

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
+from sandbox_runtime.api.runtime import Runtime
 from sandbox_runtime.errors import InvalidToolArguments, PathNotFound, PathOutsideResults, UnsafeFileType
-from sandbox_runtime.runtime import Runtime
 from tests.conftest import RuntimeFactory
 from tests.failure_corpus.cases import Case, load_cases, prepare_run_dir
 

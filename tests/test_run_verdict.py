@@ -34,8 +34,8 @@ from typing import Any
 
 import pytest
 
+from sandbox_runtime.api.runtime import Conversation, Runtime
 from sandbox_runtime.policy import Policy
-from sandbox_runtime.runtime import Conversation, Runtime
 from sandbox_runtime.sandbox.backend import ExecRequest, ExecResult
 from sandbox_runtime.sandbox.profile import (
     PYTHON,

@@ -18,14 +18,14 @@ from typing import Any
 import pytest
 
 from sandbox_runtime import Conversation
+from sandbox_runtime.api.runtime import Runtime
 from sandbox_runtime.errors import ConversationDeleted, SandboxRuntimeError, ToolNameTaken
 from sandbox_runtime.mcp.gateway import Gateway
 from sandbox_runtime.policy import McpPolicy, UpstreamServer
-from sandbox_runtime.runtime import Runtime
 from sandbox_runtime.sandbox.backend import SandboxBackend
 from sandbox_runtime.sandbox.docker_backend import DockerBackend
 from sandbox_runtime.sandbox.profile import LABEL_CONVERSATION
-from sandbox_runtime.state import SCHEMA_VERSION, StateDB
+from sandbox_runtime.state.database import SCHEMA_VERSION, StateDB
 from tests.conftest import SESSION, TEST_LABEL, RuntimeFactory
 from tests.mcp_helpers import BUILTIN_TOOLS
 from tests.upstreams.sdk_upstream import lines_text

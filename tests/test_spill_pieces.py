@@ -15,13 +15,13 @@ import pytest
 from sandbox_runtime.errors import FileTooLarge, UnsafeFileType
 from sandbox_runtime.models import ResultDescriptor, StoredResult
 from sandbox_runtime.policy import SpillPolicy
-from sandbox_runtime.records import ExpiredFile
 from sandbox_runtime.spill.budget import BudgetCandidate, BudgetDecision, plan_turn_budget
 from sandbox_runtime.spill.failures import shorten_error, spill_error
 from sandbox_runtime.spill.history import rebuild_history
 from sandbox_runtime.spill.manifest import record_in_manifest
 from sandbox_runtime.spill.spiller import SpillOutcome, spill_result
-from sandbox_runtime.state import StateDB
+from sandbox_runtime.state.database import StateDB
+from sandbox_runtime.state.records import ExpiredFile
 from sandbox_runtime.store.safe_paths import ResultsRoot
 
 NOW = dt.datetime(2026, 11, 30, 12, 0, tzinfo=dt.UTC)

@@ -21,14 +21,21 @@ from tests.conftest import RuntimeFactory
 DAY_S = 86400.0
 
 
+@pytest.fixture
+def runtime_factory(fake_runtime_factory: RuntimeFactory) -> RuntimeFactory:
+    """Results the host hands in need no sandbox: the fake backend (no engine); the tests that run scripts ask
+    for ``docker_runtime_factory``."""
+    return fake_runtime_factory
+
+
 def _host_file(results: Path, sandbox_path: str) -> Path:
     return results / sandbox_path.removeprefix("/mnt/results/")
 
 
 def test_a_turn_of_ten_large_results_is_brought_under_the_budget_largest_first(
-    runtime_factory: RuntimeFactory,
+    docker_runtime_factory: RuntimeFactory,
 ) -> None:
-    conversation = runtime_factory().conversation("budget")
+    conversation = docker_runtime_factory().conversation("budget")
     sizes = [29_000 + 250 * i for i in range(8)]  # 29,000 .. 30,750 characters from the host's own tools
     items: list[ToolCall | HostResult] = [
         HostResult(tool="search", call_id=f"s{i}", result=f"{i}" * size) for i, size in enumerate(sizes)
@@ -69,8 +76,8 @@ def test_a_turn_of_ten_large_results_is_brought_under_the_budget_largest_first(
         assert _host_file(results, descriptor.path).read_text() == f"{i}" * size
 
 
-def test_a_321_row_table_spills_with_its_shape_and_reads_back_typed(runtime_factory: RuntimeFactory) -> None:
-    conversation = runtime_factory().conversation("table")
+def test_a_321_row_table_spills_with_its_shape_and_reads_back_typed(docker_runtime_factory: RuntimeFactory) -> None:
+    conversation = docker_runtime_factory().conversation("table")
     code = (
         "import json, datetime\n"
         "rows = [{'id': i, 'library': f'libpthread.so.{i % 3}', 'size_kb': i * 1.5, "
@@ -146,9 +153,9 @@ def test_history_rebuilt_after_a_restart_is_byte_identical(runtime_factory: Runt
     assert again.text == given["h0"]
 
 
-def test_a_spill_into_a_full_disk_still_succeeds(runtime_factory: RuntimeFactory) -> None:
+def test_a_spill_into_a_full_disk_still_succeeds(docker_runtime_factory: RuntimeFactory) -> None:
     policy = policy_from_mapping({"store": {"quota_bytes": 16 * 1024 * 1024, "quota_mode": "loop"}})
-    conversation = runtime_factory(policy).conversation("full")
+    conversation = docker_runtime_factory(policy).conversation("full")
     fill = (
         "import os\n"
         "fd = os.open('/mnt/results/fill', os.O_WRONLY | os.O_CREAT)\n"
@@ -173,8 +180,8 @@ def test_a_spill_into_a_full_disk_still_succeeds(runtime_factory: RuntimeFactory
     )
 
 
-def test_an_expired_path_gives_a_clear_error(runtime_factory: RuntimeFactory) -> None:
-    runtime = runtime_factory()
+def test_an_expired_path_gives_a_clear_error(docker_runtime_factory: RuntimeFactory) -> None:
+    runtime = docker_runtime_factory()
     conversation = runtime.conversation("expiry")
     spilled = conversation.submit("logs", "q1", "\n".join(f"line {i}: libpthread.so.0 loaded" for i in range(500)))
     assert spilled.descriptor is not None

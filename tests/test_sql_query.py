@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from sandbox_runtime import Runtime
+from sandbox_runtime.cli.sample_data import SAMPLE_ORDER_COLUMNS, make_sample_database
 from sandbox_runtime.policy import policy_from_mapping
-from sandbox_runtime.sample_data import SAMPLE_ORDER_COLUMNS, make_sample_database
 from tests.conftest import RuntimeFactory
 
 ENDLESS = "WITH RECURSIVE n(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM n) SELECT x FROM n"

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from sandbox_runtime import Runtime, StateUnavailable
-from sandbox_runtime.state import STATE_PATH_MAX_BYTES, StateDB
+from sandbox_runtime.state.database import STATE_PATH_MAX_BYTES, StateDB
 
 
 def _state_dir_for(base: Path, database_bytes: int) -> Path:

@@ -11,7 +11,7 @@ import pytest
 
 from sandbox_runtime import Runtime, ToolCall, ToolOutcome
 from sandbox_runtime.errors import ImageError, InvalidToolArguments
-from sandbox_runtime.turns import TurnGate
+from sandbox_runtime.pipeline.turns import TurnGate
 from tests.conftest import RuntimeFactory
 
 WAIT_S = 30.0

@@ -26,7 +26,7 @@ from sandbox_runtime.sandbox.canary import CANARY_CONVERSATION
 from sandbox_runtime.sandbox.holds import ConversationLocks, HostLocks
 from sandbox_runtime.sandbox.manager import SandboxManager
 from sandbox_runtime.sandbox.records import Removal, ResultsFolder, Sandbox
-from sandbox_runtime.state import StateDB
+from sandbox_runtime.state.database import StateDB
 from sandbox_runtime.store.folders import ConversationFolders, ConversationStore
 from sandbox_runtime.store.quota import QuotaUsage
 

@@ -40,11 +40,11 @@ from mcp import ClientSession, StdioServerParameters, stdio_client
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
 
+from sandbox_runtime.api.runtime import Runtime
 from sandbox_runtime.control import CallControl
 from sandbox_runtime.errors import UpstreamError
 from sandbox_runtime.mcp.upstream_results import own_output_schema, save_blocks
 from sandbox_runtime.policy import McpPolicy, UpstreamServer
-from sandbox_runtime.runtime import Runtime
 from sandbox_runtime.tools.host import HostCall
 
 __all__ = ["Gateway", "UpstreamStatus"]

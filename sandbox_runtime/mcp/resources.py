@@ -18,8 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from sandbox_runtime.api.runtime import Runtime
 from sandbox_runtime.errors import PathNotFound, PathOutsideResults, UnsafeFileType
-from sandbox_runtime.runtime import Runtime
 from sandbox_runtime.store.capped import read_capped
 
 __all__ = ["SCHEME", "ResourceFile", "attachment_uri", "mime_type", "read_resource", "result_uri"]

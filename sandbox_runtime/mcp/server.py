@@ -14,7 +14,7 @@ stay valid whatever the client does with sessions:
 
 Other ``_meta`` keys a request may carry: ``sandbox-runtime/turn`` — the turn the call belongs to (the per-turn
 budget is shared by its calls; without it, calls of a conversation that overlap in time form a turn, see
-:mod:`~sandbox_runtime.turns`); ``sandbox-runtime/call-id`` — the model's own tool-call id: the decision is
+:mod:`~sandbox_runtime.pipeline.turns`); ``sandbox-runtime/call-id`` — the model's own tool-call id: the decision is
 stored under it, so the host can rebuild its history byte for byte, and the same id is never run twice.
 
 **Tasks**: a long tool (``execution.taskSupport`` in ``tools/list``) may be called as a task (2025-11-25), or
@@ -50,9 +50,8 @@ from mcp.server.lowlevel import Server
 from mcp.shared.exceptions import MCPError
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
-from sandbox_runtime.approval import ApprovalRequest, Approver
+from sandbox_runtime.api.runtime import Runtime
 from sandbox_runtime.control import CallControl, ProgressReport
-from sandbox_runtime.dispatch import ToolCall
 from sandbox_runtime.errors import InvalidConversationId, InvalidToolArguments, SandboxRuntimeError
 from sandbox_runtime.mcp.resources import SCHEME, mime_type, read_resource, result_uri
 from sandbox_runtime.mcp.results import (
@@ -66,9 +65,10 @@ from sandbox_runtime.mcp.results import (
 from sandbox_runtime.mcp.stdio_client import ClientProcess
 from sandbox_runtime.mcp.task_methods import TaskMethods, TaskWork
 from sandbox_runtime.mcp.tasks import TaskServer, TaskStore
-from sandbox_runtime.runtime import Runtime
+from sandbox_runtime.pipeline.approval import ApprovalRequest, Approver
+from sandbox_runtime.pipeline.dispatch import ToolCall
+from sandbox_runtime.pipeline.turns import TurnGate
 from sandbox_runtime.store.folders import validate_conversation_id
-from sandbox_runtime.turns import TurnGate
 
 __all__ = ["META_CALL_ID", "META_CONVERSATION", "META_TURN", "McpService", "default_conversation"]
 

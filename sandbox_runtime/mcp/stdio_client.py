@@ -137,7 +137,7 @@ def _still_known(state_dir: Path, conversation_id: str) -> bool:
     database = state_dir / "state.sqlite3"
     if not database.is_file():
         return False
-    from sandbox_runtime.state import StateDB  # noqa: PLC0415  (the client's own start stays light)
+    from sandbox_runtime.state.database import StateDB  # noqa: PLC0415  (the client's own start stays light)
 
     state = StateDB(database)
     try:
@@ -158,7 +158,7 @@ def release_when_client_exits(
             return False
         if not _still_known(state_dir, conversation_id):
             return True  # the state directory or the conversation was removed meanwhile: nothing is left to end
-        from sandbox_runtime.runtime import Runtime  # noqa: PLC0415  (only once there is something to end)
+        from sandbox_runtime.api.runtime import Runtime  # noqa: PLC0415  (only once there is something to end)
 
         with Runtime(state_dir, policy, sweep_on_start=False, reap_interval_s=None, retention_interval_s=None) as rt:
             closed = rt.conversation(conversation_id).close()

@@ -127,13 +127,6 @@ class FakeBackend(SandboxBackend):
         self._end_runs(container)
         container.running = True
 
-    def stop(self, container_id: str) -> None:
-        """End the container's commands and mark it stopped, as ``docker stop`` would (for tests of a sandbox
-        stopped from outside)."""
-        container = self._container(container_id)
-        container.running = False
-        self._end_runs(container)
-
     def _container(self, container_id: str) -> _Container:
         with self._guard:
             container = self._containers.get(container_id)

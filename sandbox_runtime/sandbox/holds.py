@@ -29,8 +29,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from sandbox_runtime.errors import SandboxError
-from sandbox_runtime.leases import HoldRecord
 from sandbox_runtime.sandbox.backend import ContainerInfo
+from sandbox_runtime.state.leases import HoldRecord
 
 __all__ = ["LABEL_LEASE", "ConversationLocks", "HostLock", "HostLocks", "held_elsewhere", "own_hold"]
 

@@ -28,7 +28,6 @@ from contextlib import AbstractContextManager
 from pathlib import Path
 
 from sandbox_runtime.errors import SandboxError, SelfCheckFailed
-from sandbox_runtime.leases import HoldRecord, LeaseRecord
 from sandbox_runtime.policy import Policy
 from sandbox_runtime.sandbox.backend import ContainerInfo, ContainerSpec, SandboxBackend
 from sandbox_runtime.sandbox.canary import CANARY_CONVERSATION, CANARY_MAX_AGE_S, SelfCheckGate
@@ -43,6 +42,7 @@ from sandbox_runtime.sandbox.profile import (
 )
 from sandbox_runtime.sandbox.records import Removal, ResultsFolder, Sandbox, SandboxRecords
 from sandbox_runtime.sandbox.selfcheck import SelfCheckReport
+from sandbox_runtime.state.leases import HoldRecord, LeaseRecord
 
 __all__ = ["Removal", "Sandbox", "SandboxManager"]
 

@@ -8,8 +8,8 @@ from typing import NamedTuple, Protocol
 
 from pydantic import BaseModel, ConfigDict
 
-from sandbox_runtime.leases import Leases
-from sandbox_runtime.records import SandboxRecord
+from sandbox_runtime.state.leases import Leases
+from sandbox_runtime.state.records import SandboxRecord
 
 __all__ = ["Removal", "ResultsFolder", "Sandbox", "SandboxRecords"]
 

@@ -14,8 +14,8 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict
 
-from sandbox_runtime.records import ExpiredFile
-from sandbox_runtime.state import StateDB
+from sandbox_runtime.state.database import StateDB
+from sandbox_runtime.state.records import ExpiredFile
 from sandbox_runtime.store.sweep import sweep_older_than
 
 __all__ = ["EXPIRING_FOLDERS", "RetentionReport", "expire_results"]

@@ -3,7 +3,8 @@ handler that turns validated arguments into a :class:`ToolReturn`.
 
 Handlers raise a :class:`~sandbox_runtime.errors.ToolFailure` for bad input (``InvalidToolArguments``,
 ``PathRejected``, ``PathNotFound``, ``BadTableFile``, ...); the pipeline turns it into a result the model reads, and
-any other unexpected exception of a handler into an internal-error result (see :mod:`sandbox_runtime.execution`).
+any other unexpected exception of a handler into an internal-error result (see
+:mod:`sandbox_runtime.pipeline.execution`).
 Infrastructure failures (every other :class:`~sandbox_runtime.errors.SandboxRuntimeError`) propagate.
 
 Arguments nested deeper than the policy's ``tools.json_nesting_max`` (arrays and objects; the arguments object is
@@ -27,8 +28,8 @@ from sandbox_runtime.conversations.handle import SandboxHandle
 from sandbox_runtime.errors import InvalidToolArguments, PathExpired, PathNotFound, PathRejected
 from sandbox_runtime.models import Attachment, ResultDescriptor, SpillMode
 from sandbox_runtime.policy import Policy
-from sandbox_runtime.records import ExpiredFile
 from sandbox_runtime.spill.jsonio import nesting_depth
+from sandbox_runtime.state.records import ExpiredFile
 from sandbox_runtime.store.safe_paths import ResultsRoot
 
 __all__ = [

@@ -1,13 +1,13 @@
 """The runtime's embedded SQLite state: conversations, sandboxes, run numbering, the decision made for every
 tool result (persisted replacements), the files retention removed, and which live process uses what (its
-:class:`~sandbox_runtime.leases.Leases`, as ``StateDB.leases``).
+:class:`~sandbox_runtime.state.leases.Leases`, as ``StateDB.leases``).
 
 Every write is one transaction; WAL mode keeps readers from blocking the writer. Each thread has its own
 connection, closed when the thread ends (a host that serves each request on a thread of its own keeps no
 descriptor of the threads that are gone) and, for every thread, when the ``StateDB`` closes. Model-facing texts
 are stored as UTF-8 blobs (surrogates passed through), so a replayed text is the same string.
 
-The schema has a version, and opening a database migrates it (:mod:`~sandbox_runtime.state_schema`).
+The schema has a version, and opening a database migrates it (:mod:`~sandbox_runtime.state.schema`).
 """
 
 from __future__ import annotations
@@ -23,10 +23,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from sandbox_runtime.errors import ConversationDeleted, StateUnavailable
-from sandbox_runtime.leases import Leases
 from sandbox_runtime.models import Attachment, CallRecord, ResultDescriptor, StoredResult
-from sandbox_runtime.records import ConversationRecord, ExpiredFile, SandboxRecord
-from sandbox_runtime.state_schema import SCHEMA_VERSION, migrate
+from sandbox_runtime.state.leases import Leases
+from sandbox_runtime.state.records import ConversationRecord, ExpiredFile, SandboxRecord
+from sandbox_runtime.state.schema import SCHEMA_VERSION, migrate
 
 __all__ = ["SCHEMA_VERSION", "STATE_PATH_MAX_BYTES", "StateDB"]
 

@@ -34,7 +34,7 @@ __all__ = ["MCP_EXTRA_HINT", "add_serve_parser", "check_database", "cmd_serve", 
 
 logger = logging.getLogger(__name__)
 
-EXIT_USAGE = 2  # as in sandbox_runtime.cli: bad usage or configuration
+EXIT_USAGE = 2  # as in sandbox_runtime.cli.main: bad usage or configuration
 MCP_EXTRA_HINT = "pip install 'sandbox-runtime[mcp]'"
 _SQLITE_HEADER = b"SQLite format 3\x00"
 
@@ -94,7 +94,7 @@ def _http_address(host: str, port: int) -> str:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    from sandbox_runtime.runtime import Runtime  # noqa: PLC0415  (the core first: a module missing below is the extra's)
+    from sandbox_runtime.api.runtime import Runtime  # noqa: PLC0415  (the core first: a module missing below is the extra's)
 
     try:
         from sandbox_runtime.mcp.gateway import Gateway  # noqa: PLC0415  (the MCP SDK loads only for serve)

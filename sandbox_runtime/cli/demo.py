@@ -15,10 +15,10 @@ import time
 from pathlib import Path
 from typing import Any, TextIO
 
-from sandbox_runtime.dispatch import ToolOutcome
+from sandbox_runtime.api.runtime import Conversation, Runtime, default_state_dir
+from sandbox_runtime.cli.sample_data import make_sample_database
+from sandbox_runtime.pipeline.dispatch import ToolOutcome
 from sandbox_runtime.policy import Policy, load_policy
-from sandbox_runtime.runtime import Conversation, Runtime, default_state_dir
-from sandbox_runtime.sample_data import make_sample_database
 
 __all__ = ["DEMO_CONVERSATION", "run_demo"]
 

@@ -20,10 +20,10 @@ import uuid
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
-from sandbox_runtime.approval import Approver
 from sandbox_runtime.control import CallControl
-from sandbox_runtime.dispatch import Dispatcher, HostResult, PreparedCall, ToolCall, ToolOutcome, TurnReport
 from sandbox_runtime.errors import InvalidToolArguments, SandboxRuntimeError
+from sandbox_runtime.pipeline.approval import Approver
+from sandbox_runtime.pipeline.dispatch import Dispatcher, HostResult, PreparedCall, ToolCall, ToolOutcome, TurnReport
 
 __all__ = ["TurnGate"]
 

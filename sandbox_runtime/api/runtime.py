@@ -21,7 +21,7 @@
 ``Conversation.run_python`` is the low-level call (a :class:`RunPythonResult`, nothing spilled); a model's calls
 go through :meth:`Conversation.call` / :meth:`Conversation.run_turn`.
 
-A :class:`Conversation` (:mod:`~sandbox_runtime.conversation`) that was deleted raises
+A :class:`Conversation` (:mod:`~sandbox_runtime.api.conversation`) that was deleted raises
 :class:`~sandbox_runtime.errors.ConversationDeleted`; ``runtime.conversation(id)`` opens the id again afresh.
 """
 
@@ -36,18 +36,18 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, Literal
 
-from sandbox_runtime.approval import Approver
-from sandbox_runtime.conversation import Conversation
+from sandbox_runtime.api.conversation import Conversation
 from sandbox_runtime.conversations.service import ConversationService
-from sandbox_runtime.dispatch import Dispatcher
 from sandbox_runtime.errors import ToolNameTaken
 from sandbox_runtime.models import SpillMode
+from sandbox_runtime.pipeline.approval import Approver
+from sandbox_runtime.pipeline.dispatch import Dispatcher
 from sandbox_runtime.policy import Policy, load_policy
 from sandbox_runtime.sandbox.backend import SandboxBackend
 from sandbox_runtime.sandbox.records import Removal
 from sandbox_runtime.sandbox.selfcheck import SelfCheckReport
 from sandbox_runtime.spill.retention import RetentionReport, expire_results
-from sandbox_runtime.state import StateDB
+from sandbox_runtime.state.database import StateDB
 from sandbox_runtime.store.folders import ConversationStore
 from sandbox_runtime.tools.base import ToolContext, ToolSpec
 from sandbox_runtime.tools.builtin import builtin_tools

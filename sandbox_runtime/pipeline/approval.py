@@ -2,7 +2,7 @@
 
 The policy's ``[approval]`` section gives each tool a rule — ``allow``, ``deny`` or ``ask`` (``default_rule``
 for the rest). ``ask`` hands an :class:`ApprovalRequest` to the host's approver (a callable given to
-:class:`~sandbox_runtime.runtime.Runtime`); without one, ``rule_without_approver`` decides. The request shows
+:class:`~sandbox_runtime.api.runtime.Runtime`); without one, ``rule_without_approver`` decides. The request shows
 what will actually be sent: the arguments after ``delegate_call`` read its file and laid the overrides on top —
 whole up to ``shown_max_chars``, else the start, a summary and the file's path. A denial becomes a tool error the
 model can read, never an exception.

@@ -31,7 +31,6 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from sandbox_runtime.approval import Approver, judge, make_request
 from sandbox_runtime.errors import (
     InvalidToolArguments,
     PathNotFound,
@@ -41,6 +40,7 @@ from sandbox_runtime.errors import (
     UpstreamError,
 )
 from sandbox_runtime.models import CallRecord, ResultDescriptor
+from sandbox_runtime.pipeline.approval import Approver, judge, make_request
 from sandbox_runtime.policy import Policy
 from sandbox_runtime.spill.spiller import is_mcp_error, result_text
 from sandbox_runtime.tools.base import ToolContext, ToolReturn, ToolSpec, expired_or, validate_arguments

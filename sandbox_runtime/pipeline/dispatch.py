@@ -2,7 +2,7 @@
 and execution record.
 
 A *turn* is a batch of calls the host runs together. Each item is either a :class:`ToolCall` of a built-in or
-registered tool (run here — see :mod:`~sandbox_runtime.execution` for ``delegate_call`` expansion and approval;
+registered tool (run here — see :mod:`~sandbox_runtime.pipeline.execution` for ``delegate_call`` expansion and approval;
 several run in parallel) or a :class:`HostResult` (the host ran its own tool and hands in what it returned). Every
 result then goes the same way: a failure's full error is saved in ``errors/`` and shortened; a result of
 ``threshold_chars`` or more is spilled to ``spill/`` (unless its tool is self-bounded); the turn's budget replaces
@@ -12,11 +12,11 @@ decision is replayed, byte for byte, even after a restart or a change of policy.
 
 Bad calls (unknown tool, arguments that do not fit, refused or missing paths, malformed files) become results with
 ``is_error`` the model can read, and so does an unexpected exception inside a tool or while its result is saved
-(an internal-error result, logged with its traceback; see :mod:`~sandbox_runtime.execution`). Only infrastructure
-failures (engine gone, sandbox cannot start) raise — and never at the cost of the turn's other calls: every call
-of the batch still runs, those that finished are decided and stored as usual, and then the failure is raised
-(with a note naming the calls that were decided). Run the turn again with the same call ids: the decided calls are
-replayed, not run again; only the failed one runs anew.
+(an internal-error result, logged with its traceback; see :mod:`~sandbox_runtime.pipeline.execution`). Only
+infrastructure failures (engine gone, sandbox cannot start) raise — and never at the cost of the turn's other
+calls: every call of the batch still runs, those that finished are decided and stored as usual, and then the
+failure is raised (with a note naming the calls that were decided). Run the turn again with the same call ids:
+the decided calls are replayed, not run again; only the failed one runs anew.
 """
 
 from __future__ import annotations
@@ -30,18 +30,18 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from sandbox_runtime.approval import Approver
 from sandbox_runtime.control import CallControl
-from sandbox_runtime.dispatch_results import Pending, outcome, to_stored
 from sandbox_runtime.errors import InvalidToolArguments
-from sandbox_runtime.execution import CallRunner, Ran, internal_error, is_infrastructure
 from sandbox_runtime.models import CallRecord, HostResult, SpillMode, StoredResult, ToolCall, ToolOutcome, TurnReport
+from sandbox_runtime.pipeline.approval import Approver
+from sandbox_runtime.pipeline.execution import CallRunner, Ran, internal_error, is_infrastructure
+from sandbox_runtime.pipeline.results import Pending, outcome, to_stored
 from sandbox_runtime.policy import Policy
 from sandbox_runtime.spill.budget import BudgetCandidate, BudgetDecision, plan_turn_budget
 from sandbox_runtime.spill.failures import spill_error
 from sandbox_runtime.spill.spiller import result_text, spill_result
 from sandbox_runtime.spill.streamed import TableStream
-from sandbox_runtime.state import StateDB
+from sandbox_runtime.state.database import StateDB
 from sandbox_runtime.tools.base import ToolContext, ToolSpec
 from sandbox_runtime.workers import Workers
 

@@ -5,7 +5,7 @@ together migrate it once): a database of the versions before there was a number 
 up to date, and one of a newer version, which this code does not know, is refused
 (:class:`~sandbox_runtime.errors.SandboxRuntimeError`, naming both versions) before anything in it changes. A
 step only ever adds (tables, indexes): an older runtime can still open a database a newer one migrated. The
-lease tables are :mod:`~sandbox_runtime.leases`'s own (made when missing, whatever the version).
+lease tables are :mod:`~sandbox_runtime.state.leases`'s own (made when missing, whatever the version).
 """
 
 from __future__ import annotations

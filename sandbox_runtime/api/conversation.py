@@ -1,4 +1,4 @@
-"""A :class:`Conversation` of a :class:`~sandbox_runtime.runtime.Runtime`: its sandbox, folders, calls and records.
+"""A :class:`Conversation` of a :class:`~sandbox_runtime.api.runtime.Runtime`: its sandbox, folders, calls and records.
 
 A ``Conversation`` object stands for the conversation as it was when the object first used it. After it is
 deleted (by this object, another one, another runtime or ``sandbox-runtime rm``) the object raises
@@ -33,7 +33,7 @@ from sandbox_runtime.store.quota import QuotaUsage
 from sandbox_runtime.tools.run_python import RunPythonArgs, RunPythonResult, run_python
 
 if TYPE_CHECKING:
-    from sandbox_runtime.runtime import Runtime
+    from sandbox_runtime.api.runtime import Runtime
 
 __all__ = ["Conversation"]
 

@@ -17,7 +17,8 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from sandbox_runtime.cli_serve import add_serve_parser, key_value
+from sandbox_runtime.api.runtime import Conversation, Runtime, default_state_dir
+from sandbox_runtime.cli.serve import add_serve_parser, key_value
 from sandbox_runtime.errors import (
     EngineUnavailable,
     ImageError,
@@ -27,7 +28,6 @@ from sandbox_runtime.errors import (
 )
 from sandbox_runtime.mcp.stdio_client import WATCH_COMMAND, ClientProcess, release_when_client_exits
 from sandbox_runtime.policy import load_policy
-from sandbox_runtime.runtime import Conversation, Runtime, default_state_dir
 
 __all__ = ["main"]
 
@@ -115,7 +115,7 @@ def cmd_image_build(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    from sandbox_runtime.demo import run_demo  # noqa: PLC0415  (the demo's sample data load only for it)
+    from sandbox_runtime.cli.demo import run_demo  # noqa: PLC0415  (the demo's sample data load only for it)
 
     return run_demo(args.state_dir, args.policy, out=sys.stdout, extra_labels=dict(args.label))
 

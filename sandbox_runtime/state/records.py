@@ -1,5 +1,6 @@
-"""The typed records the state database keeps for itself and the runtime (see :mod:`~sandbox_runtime.state`); the
-records it keeps of calls are public models (:mod:`~sandbox_runtime.models`)."""
+"""The typed records the state database keeps for itself and the runtime (see
+:mod:`~sandbox_runtime.state.database`); the records it keeps of calls are public models
+(:mod:`~sandbox_runtime.models`)."""
 
 from __future__ import annotations
 
