@@ -18,6 +18,8 @@ from sandbox_runtime.sandbox.profile import LABEL_STATE_DIR
 from sandbox_runtime.store.quota import attached_loop_images, loop_quota_unavailable_reason, resolve_quota_mode
 from tests.conftest import SESSION, TEST_LABEL, RuntimeFactory
 
+MiB = 1 << 20
+
 pytestmark = pytest.mark.docker
 
 QUOTA_BYTES = 16 * 1024 * 1024
@@ -181,3 +183,21 @@ def test_gc_after_a_crash_leaves_no_loop_device_of_the_state_directory_attached(
         "past-00\n"
     )
     assert later.conversation("past-19").call("read_file", {"path": "past-19.txt"}).text.endswith("past-19")
+
+
+@pytest.mark.skipif(loop_quota_unavailable_reason() is not None, reason="loop quotas need root and mkfs.ext4")
+def test_a_new_conversations_volume_takes_under_2_mib_of_host_disk_until_the_sandbox_writes(
+    fake_runtime_factory: RuntimeFactory,
+) -> None:
+    conversation = fake_runtime_factory(policy_from_mapping({"store": {"quota_mode": "loop"}})).conversation("small")
+    folders = conversation.folders
+    assert folders.quota_bytes >= 1 << 30  # a 1 GiB filesystem (the default quota)
+    assert folders.volume.stat().st_blocks * 512 < 2 * MiB  # mounted: the inode tables and journal are not made yet
+    conversation.close()  # released: unmounted, the loop device detached
+    assert not os.path.ismount(folders.results)
+    assert folders.volume.stat().st_blocks * 512 < 2 * MiB
+    written = conversation.run_python("open('data.bin', 'wb').write(b'x' * (8 << 20))")
+    assert written.status == "ok", written.message
+    conversation.close()  # unmounted: everything written has reached the image
+    grown = folders.volume.stat().st_blocks * 512
+    assert 8 * MiB <= grown < 8 * MiB + 4 * MiB  # what was written, and a few MiB of metadata and journal
