@@ -122,7 +122,7 @@ class ConversationService:
 
     def handle(self, conversation_id: str, folders: ConversationFolders | None = None) -> SandboxHandle:
         """What a tool uses of the conversation's sandbox (``folders``: already made for this call)."""
-        return SandboxHandle(self, conversation_id, folders or self.folders(conversation_id))
+        return SandboxHandle(self, conversation_id, self.folders(conversation_id) if folders is None else folders)
 
     def _bind(self, conversation_id: str) -> ResultsFolder:
         folders = self.folders(conversation_id)
