@@ -6,8 +6,9 @@ then they fail, so CI can never pass without running them.
 
 Tests that never start a container use ``fake_runtime_factory`` (the shipped
 :class:`~sandbox_runtime.sandbox.fake_backend.FakeBackend`: no engine at all). Every test that needs the engine
-is marked ``docker`` here, so ``pytest -m "not docker"`` is the part that runs without one
-(``tests/test_without_an_engine.py`` runs it so, with the engine out of reach).
+is marked ``docker`` here, and every other test runs with the engine out of reach (``DOCKER_HOST`` names a socket
+that does not exist, for the test and the processes it starts): one that still reached for the engine would fail,
+so ``pytest -m "not docker"`` is the part that runs on a machine with no engine.
 """
 
 from __future__ import annotations
@@ -40,6 +41,16 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if "docker_backend" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.docker)
+
+
+NO_ENGINE = "unix:///nonexistent/sandbox-runtime-tests-no-engine.sock"
+
+
+@pytest.fixture(autouse=True)
+def _engine_only_for_docker_tests(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A test not marked docker gets no engine: a Docker client it (or a process it starts) makes cannot connect."""
+    if request.node.get_closest_marker("docker") is None:
+        monkeypatch.setenv("DOCKER_HOST", NO_ENGINE)
 
 
 def _runsc_installed(backend: DockerBackend) -> bool:

@@ -116,7 +116,7 @@ class ConversationService:
     def sandbox(self, conversation_id: str) -> Sandbox:
         """The conversation's running sandbox, started (or re-attached) when needed."""
         with self.lock(conversation_id):
-            if not self.state.knows_conversation(conversation_id):
+            if self.manager.known(conversation_id) is not None and not self.state.knows_conversation(conversation_id):
                 self._drop_deleted(conversation_id)
             return self.manager.get_or_create(conversation_id, lambda: self._bind(conversation_id))
 

@@ -17,10 +17,8 @@ that spells the in-sandbox path itself will not find it, so write code that uses
 
 from __future__ import annotations
 
-import os
 import platform
 import secrets
-import signal
 import subprocess
 import sys
 import threading
@@ -37,7 +35,7 @@ from sandbox_runtime.sandbox.backend import (
     HostFacts,
     SandboxBackend,
 )
-from sandbox_runtime.sandbox.fake_run import RunnerLimits, run_command
+from sandbox_runtime.sandbox.fake_run import RunnerLimits, end_group, run_command
 from sandbox_runtime.sandbox.profile import PYTHON, RUNNER, end_all_command
 
 __all__ = ["FakeBackend"]
@@ -138,10 +136,7 @@ class FakeBackend(SandboxBackend):
         with self._guard:
             runs = list(container.runs)
         for process in runs:
-            try:
-                os.killpg(process.pid, signal.SIGKILL)  # each run is a session of its own
-            except (ProcessLookupError, PermissionError):
-                continue
+            end_group(process)
 
     # commands ---------------------------------------------------------------------------------------------
     def exec(self, container_id: str, request: ExecRequest, control: CallControl | None = None) -> ExecResult:
@@ -166,15 +161,12 @@ class FakeBackend(SandboxBackend):
 
         argv = [sys.executable if part == PYTHON else host_path(part) for part in command]
 
-        held: list[subprocess.Popen[bytes]] = []  # this run's process, while it runs
-
-        def track(process: subprocess.Popen[bytes] | None) -> None:
+        def track(process: subprocess.Popen[bytes], running: bool) -> None:
             with self._guard:
-                if process is not None:
+                if running:
                     container.runs.add(process)
-                    held.append(process)
                 else:
-                    container.runs.difference_update(held)
+                    container.runs.discard(process)
 
         return run_command(
             argv,

@@ -22,7 +22,7 @@ from sandbox_runtime.control import CallControl
 from sandbox_runtime.sandbox.backend import ExecResult
 from sandbox_runtime.sandbox.exec_stream import Caller
 
-__all__ = ["RunnerLimits", "run_command"]
+__all__ = ["RunnerLimits", "end_group", "run_command"]
 
 _WAKE_S = 0.2  # the loop's longest sleep: cancel, progress and limits are looked at this often
 _CANCEL_DRAIN_S = 1.0
@@ -44,7 +44,8 @@ def _record(verdict: str, exit_status: int, signal_number: int | None = None, st
     return _RECORD_MARK + " ".join(fields).encode() + b"\n"
 
 
-def _end_group(process: subprocess.Popen[bytes], sig: int = signal.SIGKILL) -> None:
+def end_group(process: subprocess.Popen[bytes], sig: int = signal.SIGKILL) -> None:
+    """Signal every process of the run's session (its process group)."""
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(process.pid, sig)
 
@@ -58,10 +59,10 @@ def run_command(
     deadline_s: float,
     runner: RunnerLimits | None,
     control: CallControl | None,
-    track: Callable[[subprocess.Popen[bytes] | None], None],
+    track: Callable[[subprocess.Popen[bytes], bool], None],
 ) -> ExecResult:
-    """Run ``argv``; ``runner``: under the runner's contract. ``track`` is told the process (and None once it is
-    gone), so that a restart or removal of the container can end it."""
+    """Run ``argv``; ``runner``: under the runner's contract. ``track(process, True)`` is called once it runs and
+    ``track(process, False)`` once it is gone, so that a restart or removal of the container can end it."""
     started = time.monotonic()
     process = subprocess.Popen(
         list(argv),
@@ -73,17 +74,17 @@ def run_command(
         start_new_session=True,
         close_fds=True,
     )
-    track(process)
+    track(process, True)
     try:
         return _relay(process, started, caps, deadline_s, runner, control)
     finally:
-        _end_group(process)  # the run's sweep: nothing of its session outlives it
+        end_group(process)  # the run's sweep: nothing of its session outlives it
         with contextlib.suppress(subprocess.TimeoutExpired):
             process.wait(timeout=5)
         for pipe in (process.stdout, process.stderr):
             if pipe is not None:
                 pipe.close()
-        track(None)
+        track(process, False)
 
 
 class _Streams:
@@ -142,7 +143,7 @@ def _relay(
     # the runner passes on at most cap + 1 bytes of a stream; without it the host's own caps apply
     limits = (runner.stdout_max_bytes, runner.stderr_max_bytes) if runner else caps
     streams = _Streams((min(limits[0] + 1, caps[0]), min(limits[1] + 1, caps[1])) if runner else caps)
-    caller = Caller(control, started, deadline_s, lambda: _end_group(process)) if control else None
+    caller = Caller(control, started, deadline_s, lambda: end_group(process)) if control else None
     pipes = _Pipes(process)
     host_deadline = started + deadline_s
     run_deadline = started + runner.timeout_s if runner else float("inf")
@@ -171,7 +172,7 @@ def _relay(
                 outcome = "cap"
                 break
             if process.poll() is not None and pipes.open:
-                _end_group(process)  # the script ended: a process it left holding the pipes must not keep them open
+                end_group(process)  # the script ended: a process it left holding the pipes must not keep them open
     finally:
         pipes.close()
     return _result(process, started, streams, outcome, over, runner, cancelled)
@@ -190,19 +191,15 @@ def _result(
     exit_code: int | None
     record = b""
     if outcome == "timeout" and runner is not None:
-        _end_group(process, signal.SIGTERM)
-        try:
+        end_group(process, signal.SIGTERM)  # then SIGKILL after the grace, as the run ends (run_command)
+        with contextlib.suppress(subprocess.TimeoutExpired):
             process.wait(timeout=runner.grace_s)
-        except subprocess.TimeoutExpired:
-            _end_group(process)
         exit_code, record = _TIMEOUT_EXIT, _record("timeout", _TIMEOUT_EXIT)
     elif outcome == "cap" and runner is not None:
-        _end_group(process)
         exit_code, record = _OUTPUT_LIMIT_EXIT, _record("output_limit", _OUTPUT_LIMIT_EXIT, stream=stream_name)
         stream_name = None  # the runner stopped it: the host's own cap was not passed
     elif outcome in ("cap", "deadline"):
-        _end_group(process)
-        exit_code = None
+        exit_code = None  # the run's sweep ends it (run_command)
     else:
         code = process.wait()
         exit_code = 128 - code if code < 0 else code
