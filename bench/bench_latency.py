@@ -1,19 +1,24 @@
-"""Latency of the runtime beside plain Docker, measured side by side in one run.
+"""Latency and scale of the runtime beside plain Docker, measured side by side in one run.
 
 Run from the repository root::
 
-    .venv/bin/python bench/bench_latency.py [--repeat 20] [--cold-repeat 5] [--json] [--profile]
+    .venv/bin/python bench/bench_latency.py [--repeat 20] [--cold-repeat 5] [--threads 8] [--policy gvisor] [--json]
 
-The cases are interleaved round-robin (A, B, C, A, B, C, ...) so that machine noise hits them all alike:
+The latency cases are interleaved round-robin (A, B, C, A, B, C, ...) so that machine noise hits them all alike:
 
-* ``cold_start``     ``runtime.conversation(<new id>).run_python("pass")``: folders, quota volume, container
-                     start and the first run. The self-check runs once per process; a warm-up conversation
-                     made before measuring absorbs it, so it is NOT in these numbers.
+* ``cold_start``     ``conversation.call("run_python", {"code": "pass"})`` in a new conversation: folders,
+                     quota volume, container start and the first run. The self-check runs once per process; a
+                     warm-up conversation made before measuring absorbs it, so it is NOT in these numbers.
 * ``docker_run``     docker-py ``containers.run(image, ["python", "-c", "pass"], remove=True)``: baseline.
-* ``warm_pass``      ``run_python("pass")`` in a conversation whose sandbox is running.
-* ``exec_pass``      ``exec_create`` + ``exec_start`` of ``python -c pass`` in that same container: baseline.
-* ``warm_import``    ``run_python`` of ``import openpyxl, docx, pptx``.
-* ``exec_import``    plain exec of the same import in the same container: baseline.
+* ``warm_print``     ``conversation.call("run_python", {"code": "print(1)"})`` in a conversation whose sandbox
+                     runs: the whole pipeline (records, spill check, the script file) and the resident executor.
+* ``exec_print``     ``exec_create`` + ``exec_start`` of ``python -c 'print(1)'`` in that same container: baseline.
+* ``warm_office``    ``run_python`` by path of a document script (openpyxl, 1,000 x 5 rows, saved).
+* ``exec_office``    plain exec of ``python`` on the same script in the same container: baseline.
+
+Then the scale cases (``scale_cases.py``): throughput of ``--threads`` threads over as many conversations beside
+raw exec into the same containers, idle memory per sandbox with its executor, the runtime's RSS after
+``--conversations`` live conversations, and the host disk of a conversation's quota volume.
 
 Every container carries ``io.sandbox-runtime.bench=<uuid>`` and is removed at the end, with the conversations
 and the temporary state directory. Numbers are reported, never asserted.
@@ -38,16 +43,26 @@ from collections.abc import Callable
 from typing import NotRequired, TypedDict
 
 import docker
+from scale_cases import idle_memory, rss_and_volumes, throughput
 
 from sandbox_runtime.api.runtime import Runtime
 from sandbox_runtime.sandbox.image import executor_image_tag
 from sandbox_runtime.sandbox.profile import PYTHON, code_user, exec_environment
 
 BENCH_LABEL = "io.sandbox-runtime.bench"
-IMPORT_CODE = "import openpyxl, docx, pptx"
+OFFICE_SCRIPT = """\
+import openpyxl
+book = openpyxl.Workbook()
+sheet = book.active
+sheet.append(["id", "name", "amount", "region", "note"])
+for i in range(1000):
+    sheet.append([i, f"item {i}", i * 1.5, "north" if i % 2 else "south", "x" * 20])
+book.save("/mnt/results/exports/bench-office.xlsx")
+"""
+OFFICE_PATH = "/mnt/results/scripts/bench_office.py"
 COLD_CASES = ("cold_start", "docker_run")
-ORDER = ("cold_start", "docker_run", "warm_pass", "exec_pass", "warm_import", "exec_import")
-RATIOS = (("warm_pass", "exec_pass"), ("warm_import", "exec_import"), ("cold_start", "docker_run"))
+ORDER = ("cold_start", "docker_run", "warm_print", "exec_print", "warm_office", "exec_office")
+RATIOS = (("warm_print", "exec_print"), ("warm_office", "exec_office"), ("cold_start", "docker_run"))
 
 
 class Report(TypedDict):
@@ -58,7 +73,8 @@ class Report(TypedDict):
     cold_repeat: int
     stats: dict[str, dict[str, float]]
     ratios: dict[str, float]
-    profile_warm_pass: NotRequired[str]
+    scale: dict[str, float]
+    profile_warm_print: NotRequired[str]
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -74,6 +90,7 @@ def summarize(samples: dict[str, list[float]]) -> dict[str, dict[str, float]]:
             "n": len(v),
             "p50_ms": statistics.median(v) * 1e3,
             "p90_ms": percentile(v, 90) * 1e3,
+            "p95_ms": percentile(v, 95) * 1e3,
             "min_ms": min(v) * 1e3,
         }
         for name, v in samples.items()
@@ -111,19 +128,21 @@ class Bench:
         self.runtime, self.client, self.label = runtime, client, label
         self.warm = runtime.conversation(f"bench-warm-{label[:8]}")
         self.container_id = self.warm.sandbox().container_id
-        self.exec_part: list[float] = []  # ExecResult.duration_s (backend.exec alone) of each warm_pass
+        (self.warm.folders.results / "scripts" / "bench_office.py").write_text(OFFICE_SCRIPT)
+        self.backend_part: list[float] = []  # RunPythonResult.duration_s (the run in the sandbox) of warm_print
 
-    def check(self, result: object, what: str) -> None:
-        status = getattr(result, "status", None)
-        if status != "ok":
-            raise RuntimeError(f"{what}: run_python ended {status}: {getattr(result, 'message', result)}")
+    def call(self, conversation: object, arguments: dict[str, object], what: str) -> dict[str, object]:
+        outcome = conversation.call("run_python", arguments)  # type: ignore[attr-defined]
+        details = outcome.details or {}
+        if outcome.is_error or details.get("status") != "ok":
+            raise RuntimeError(f"{what}: run_python ended {details.get('status')}: {outcome.text[:500]}")
+        return dict(details)
 
     def cold_start(self) -> float:
         conversation = self.runtime.conversation(f"bench-cold-{uuid.uuid4().hex[:12]}")
         start = time.perf_counter()
-        result = conversation.run_python("pass")
+        self.call(conversation, {"code": "pass"}, "cold start")
         elapsed = time.perf_counter() - start
-        self.check(result, "cold start")
         conversation.delete()  # untimed; keeps the number of running containers steady
         return elapsed
 
@@ -136,44 +155,44 @@ class Bench:
             )
         )
 
-    def warm_run(self, code: str) -> float:
+    def warm_run(self, arguments: dict[str, object]) -> float:
         start = time.perf_counter()
-        result = self.warm.run_python(code)
+        details = self.call(self.warm, arguments, f"warm run of {arguments}")
         elapsed = time.perf_counter() - start
-        self.check(result, f"warm run of {code!r}")
-        if code == "pass":
-            self.exec_part.append(result.duration_s)
+        if arguments.get("code") == "print(1)":
+            self.backend_part.append(float(details.get("duration_s") or 0.0))  # type: ignore[arg-type]
         return elapsed
 
-    def plain_exec(self, code: str) -> float:
+    def plain_exec(self, argv: list[str]) -> float:
         api, policy = self.client.api, self.runtime.policy
         start = time.perf_counter()
         exec_id = api.exec_create(
             self.container_id,
-            [PYTHON, "-c", code],
+            [PYTHON, *argv],
             user=code_user(policy),
             environment=exec_environment(policy),
+            workdir=policy.sandbox.results_mount_path,
         )["Id"]
         api.exec_start(exec_id)
         elapsed = time.perf_counter() - start
         exit_code = api.exec_inspect(exec_id).get("ExitCode")  # untimed sanity check
         if exit_code != 0:
-            raise RuntimeError(f"plain exec of {code!r} exited {exit_code}")
+            raise RuntimeError(f"plain exec of {argv!r} exited {exit_code}")
         return elapsed
 
     def cases(self) -> dict[str, Callable[[], float]]:
         return {
             "cold_start": self.cold_start,
             "docker_run": self.docker_run,
-            "warm_pass": lambda: self.warm_run("pass"),
-            "exec_pass": lambda: self.plain_exec("pass"),
-            "warm_import": lambda: self.warm_run(IMPORT_CODE),
-            "exec_import": lambda: self.plain_exec(IMPORT_CODE),
+            "warm_print": lambda: self.warm_run({"code": "print(1)"}),
+            "exec_print": lambda: self.plain_exec(["-c", "print(1)"]),
+            "warm_office": lambda: self.warm_run({"script_path": OFFICE_PATH}),
+            "exec_office": lambda: self.plain_exec([OFFICE_PATH]),
         }
 
     def profile_warm(self, top: int = 12) -> str:
         profiler = cProfile.Profile()
-        profiler.runcall(self.warm.run_python, "pass")
+        profiler.runcall(self.warm.call, "run_python", {"code": "print(1)"})
         out = io.StringIO()
         pstats.Stats(profiler, stream=out).sort_stats("cumulative").print_stats(top)
         return out.getvalue()
@@ -184,7 +203,7 @@ def run(repeat: int, cold_repeat: int, bench: Bench) -> dict[str, list[float]]:
     cases = bench.cases()
     for fn in cases.values():  # one untimed warm-up each: page cache, first-use costs
         fn()
-    bench.exec_part.clear()
+    bench.backend_part.clear()
     rounds = max(repeat, cold_repeat)
     samples: dict[str, list[float]] = {name: [] for name in ORDER}
     for i in range(rounds):
@@ -202,12 +221,16 @@ def print_table(report: Report) -> None:
         f"repeat={report['repeat']} cold_repeat={report['cold_repeat']} (interleaved round-robin; "
         "self-check excluded by a warm-up conversation; one untimed warm-up per case)"
     )
-    print(f"\n{'case':<30}{'n':>4}{'p50 ms':>10}{'p90 ms':>10}{'min ms':>10}")
+    print(f"\n{'case':<36}{'n':>4}{'p50 ms':>10}{'p90 ms':>10}{'p95 ms':>10}{'min ms':>10}")
     for name, s in stats.items():
-        print(f"{name:<30}{s['n']:>4}{s['p50_ms']:>10.1f}{s['p90_ms']:>10.1f}{s['min_ms']:>10.1f}")
+        row = f"{name:<36}{s['n']:>4}{s['p50_ms']:>10.1f}{s['p90_ms']:>10.1f}{s['p95_ms']:>10.1f}{s['min_ms']:>10.1f}"
+        print(row)
     print()
     for key, value in ratios.items():
-        print(f"ratio {key:<34} {value:6.2f}x  (p50 / p50)")
+        print(f"ratio {key:<44} {value:6.2f}x")
+    print()
+    for key, value in report["scale"].items():
+        print(f"{key:<56} {value:10.2f}")
 
 
 def main() -> None:
@@ -215,7 +238,11 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=20, help="warm repetitions per case (default 20)")
     parser.add_argument("--cold-repeat", type=int, default=5, help="cold repetitions per case (default 5)")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
-    parser.add_argument("--profile", action="store_true", help="also cProfile one warm run_python('pass')")
+    parser.add_argument("--profile", action="store_true", help="also cProfile one warm run_python('print(1)')")
+    parser.add_argument("--policy", default="default", help="the policy to run under (gvisor: runsc)")
+    parser.add_argument("--threads", type=int, default=8, help="threads (and conversations) for throughput")
+    parser.add_argument("--parallel-runs", type=int, default=25, help="runs per thread per throughput block")
+    parser.add_argument("--conversations", type=int, default=50, help="live conversations for the RSS case")
     opts = parser.parse_args()
 
     label = uuid.uuid4().hex
@@ -223,6 +250,7 @@ def main() -> None:
     client = docker.from_env()
     runtime = Runtime(
         state_dir,
+        opts.policy,
         image=executor_image_tag(),
         extra_labels={BENCH_LABEL: label},
         sweep_on_start=False,
@@ -234,25 +262,37 @@ def main() -> None:
         warmup.delete()
         bench = Bench(runtime, client, label)
         samples = run(opts.repeat, opts.cold_repeat, bench)
-        samples["warm_pass: backend.exec part"] = bench.exec_part
+        samples["warm_print: the run in the sandbox"] = bench.backend_part
         stats = summarize(samples)
-        ratios = {f"{a} / {b}": stats[a]["p50_ms"] / stats[b]["p50_ms"] for a, b in RATIOS}
+        ratios = {f"{a} / {b} (p50)": stats[a]["p50_ms"] / stats[b]["p50_ms"] for a, b in RATIOS}
+        ratios["cold_start / docker_run (p95)"] = stats["cold_start"]["p95_ms"] / stats["docker_run"]["p95_ms"]
+        rates, parallel = throughput(runtime, client, opts.threads, opts.parallel_runs, blocks=3)
+        scale = {
+            f"runs/s, {opts.threads} threads, ours": rates["ours"],
+            f"runs/s, {opts.threads} threads, raw exec": rates["raw"],
+        }
+        ratios[f"throughput ours / raw exec ({opts.threads} threads)"] = rates["ours"] / rates["raw"]
+        scale.update(idle_memory(runtime, parallel))
+        for conversation in parallel:
+            conversation.delete()
+        scale.update(rss_and_volumes(runtime, opts.conversations))
         report: Report = {
             "machine": machine_facts(client, runtime),
             "repeat": opts.repeat,
             "cold_repeat": opts.cold_repeat,
             "stats": stats,
             "ratios": ratios,
+            "scale": scale,
         }
         if opts.profile:
-            report["profile_warm_pass"] = bench.profile_warm()
+            report["profile_warm_print"] = bench.profile_warm()
         if opts.json:
             print(json.dumps(report, indent=2))
         else:
             print_table(report)
             if opts.profile:
-                print("\ncProfile of one warm run_python('pass'), top cumulative:")
-                print(report["profile_warm_pass"])
+                print("\ncProfile of one warm run_python('print(1)'), top cumulative:")
+                print(report["profile_warm_print"])
     finally:
         for record in runtime.state.conversations():  # every conversation this run made, even after an error
             runtime.conversation(record.id).delete()

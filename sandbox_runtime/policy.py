@@ -73,6 +73,9 @@ class SandboxPolicy(_Model):
     results_mount_path: str = Field("/mnt/results", description="Where the results folder appears inside.")
     idle_timeout_s: PositiveInt = Field(1800, description="Remove a sandbox unused this long (seconds).")
     max_lifetime_s: PositiveInt = Field(86400, description="Remove any sandbox this old (seconds).")
+    executor_idle_s: PositiveInt = Field(
+        600, description="End a sandbox's resident executor unused this long (seconds); the next run starts one."
+    )
     limits: SandboxLimits = SandboxLimits()
 
 

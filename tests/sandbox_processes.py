@@ -1,5 +1,9 @@
 """What runs in a conversation's sandbox, seen from inside it by a command the code cannot reach.
 
+Between runs the code's uid has two processes of the runtime's own: the sandbox's resident executor and its
+spare (the fork that will be the next run, named ``sr-spare`` until it runs); :func:`run_processes` leaves them
+out.
+
 The listing runs as ``nobody`` (65534), not as the code's uid: a cancel ends every process of the code's uid
 with ``kill(-1)`` until none is left, and a listing under that uid could be ended by the very sweep it watches.
 """
@@ -12,11 +16,12 @@ from typing import Any
 
 from sandbox_runtime.api.runtime import Runtime
 from sandbox_runtime.sandbox.backend import ExecRequest
-from sandbox_runtime.sandbox.profile import LABEL_CONVERSATION, PYTHON
+from sandbox_runtime.sandbox.profile import EXECUTOR, LABEL_CONVERSATION, PYTHON
 
-__all__ = ["code_processes", "sandbox_container"]
+__all__ = ["code_processes", "run_processes", "sandbox_container"]
 
 _LISTER_USER = "65534:65534"
+SPARE_NAME = "sr-spare"  # the executor's idle spare, by its process name
 
 # Lists the live processes of the uid given as argv[1], as JSON.
 _LIST_CODE_PROCESSES = textwrap.dedent(
@@ -31,10 +36,12 @@ _LIST_CODE_PROCESSES = textwrap.dedent(
                 fields = dict(line.split(":", 1) for line in handle if ":" in line)
             with open("/proc/" + name + "/cmdline", "rb") as handle:
                 cmdline = handle.read().replace(b"\\0", b" ").decode("utf-8", "replace").strip()
+            with open("/proc/" + name + "/comm") as handle:
+                comm = handle.read().strip()
         except OSError:
             continue
         if int(fields["Uid"].split()[0]) == uid and fields["State"].split()[0] not in ("Z", "X"):
-            found.append({"pid": int(name), "cmdline": cmdline})
+            found.append({"pid": int(name), "ppid": int(fields["PPid"]), "comm": comm, "cmdline": cmdline})
     print(json.dumps(found))
     """
 )
@@ -63,3 +70,13 @@ def code_processes(runtime: Runtime, conversation_id: str) -> list[dict[str, Any
     found = json.loads(listing.stdout)
     assert isinstance(found, list)
     return found
+
+
+def run_processes(runtime: Runtime, conversation_id: str) -> list[dict[str, Any]]:
+    """The live processes of the code's uid that are not the resident executor (its parent is not of the code's
+    uid) or the executor's idle spare (its child, by name): what runs or was left by runs."""
+    found = code_processes(runtime, conversation_id)
+    pids = {process["pid"] for process in found}
+    executors = {p["pid"] for p in found if EXECUTOR in p["cmdline"] and p["ppid"] not in pids}
+    spares = {p["pid"] for p in found if p["comm"] == SPARE_NAME and p["ppid"] in executors}
+    return [p for p in found if p["pid"] not in executors | spares]

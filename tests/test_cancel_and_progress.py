@@ -26,7 +26,7 @@ from sandbox_runtime.control import CallControl
 from sandbox_runtime.models import ToolCall
 from sandbox_runtime.policy import Policy
 from sandbox_runtime.tools.run_python import RunPythonResult, run_python
-from tests.sandbox_processes import code_processes, sandbox_container
+from tests.sandbox_processes import code_processes, run_processes, sandbox_container
 
 pytestmark = pytest.mark.docker
 
@@ -163,7 +163,7 @@ def test_cancelling_a_long_run_ends_every_process_of_it_at_once_and_frees_the_co
     assert "a line on stderr before the cancel" in saved.read_text()
 
     # nothing of the code's uid is left in the sandbox: not the runner, not the script, not the daemon
-    assert _code_processes(runtime, conversation) == []
+    assert run_processes(runtime, conversation.id) == []
     # and the daemon's file never appears, even past the moment it was due
     appeared = _wait_for((folder / "late").exists, max(0.0, due - time.time()) + 1.5)
     assert not appeared, "a process of the cancelled run wrote its file after the cancel"
@@ -214,7 +214,7 @@ def test_a_call_cancelled_through_the_pipeline_reaches_the_run_and_the_model_is_
     assert "Cancelled by the caller after" in outcome.text, outcome.text
     assert outcome.details is not None
     assert outcome.details["status"] == "cancelled"
-    assert _code_processes(runtime, conversation) == []
+    assert run_processes(runtime, conversation.id) == []
 
 
 def test_a_call_waiting_for_its_conversation_gives_up_when_cancelled_and_never_runs(

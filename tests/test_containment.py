@@ -590,7 +590,8 @@ def test_a_double_forked_daemon_is_gone_when_the_run_ends(
     alive = [p for p in listing["processes"] if p["state"] not in {"Z", "X"}]
     assert not [p for p in alive if marker in p["cmdline"]], alive
     code_processes = [p for p in alive if p["uid"] == code_uid]
-    runner = [p for p in code_processes if "/opt/sandbox/run.py" in p["cmdline"]]
+    # the run is a fork of the sandbox's resident executor, and shares its command line
+    runner = [p for p in code_processes if "/opt/sandbox/executor.py" in p["cmdline"] and p["pid"] != listing["me"]]
     assert len(runner) == 1, code_processes
     assert {p["pid"] for p in code_processes} == {listing["me"], runner[0]["pid"]}, code_processes
     others = [p for p in alive if p["uid"] != code_uid]

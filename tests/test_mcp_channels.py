@@ -27,13 +27,13 @@ from tests.mcp_helpers import (
     structured,
     text_of,
 )
-from tests.sandbox_processes import code_processes
+from tests.sandbox_processes import run_processes
 
 
-# the live processes of the code's uid, listed by a command the runner does not start (the runner's own start-up
-# sweep would end leftovers before a script could see them)
+# the live processes of runs, listed by a command the runner does not start (the runner's own sweep would end
+# leftovers before a script could see them)
 def code_processes_left(runtime: Runtime, conversation_id: str) -> int:
-    return len(code_processes(runtime, conversation_id))
+    return len(run_processes(runtime, conversation_id))
 
 
 async def cancel_a_long_run(client: Client, host: Runtime, conversation_id: str, script: str) -> float:

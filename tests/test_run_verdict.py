@@ -43,6 +43,7 @@ from sandbox_runtime.sandbox.profile import (
     code_user,
     exec_environment,
     read_runner_verdict,
+    run_request,
     runner_command,
 )
 from sandbox_runtime.tools.run_outcome import run_outcome
@@ -429,7 +430,7 @@ def test_a_runner_that_cannot_confine_the_script_says_not_started_and_nothing_ru
     runtime = conversation.runtime
     policy = runtime.policy
     marker = f"ran-{uuid.uuid4().hex[:8]}"
-    command = list(runner_command(policy, 10, (PYTHON, "-c", f"open('/mnt/results/{marker}', 'w')")))
+    command = list(runner_command(run_request(policy, 10, (PYTHON, "-c", f"open('/mnt/results/{marker}', 'w')"))))
     command[command.index(PYTHON, 1) - 1] = str(2**70)  # an RLIMIT_NPROC the kernel cannot take
     result = runtime.backend.exec(
         _container(conversation),

@@ -209,10 +209,11 @@ def test_a_sandbox_removed_from_outside_is_replaced_by_every_path_and_the_result
 def test_a_run_of_a_conversation_deleted_while_it_starts_is_a_typed_error(tmp_path: Path) -> None:
     state = StateDB(tmp_path / "state.sqlite3")
     state.ensure_conversation("gone", "measured", 1024)
-    assert state.next_run_number("gone") == 1
+    assert state.begin_run("gone", "no-container", "no-lease", 1.0) == 1
+    assert state.begin_run("gone", "no-container", "no-lease", 2.0) == 2
     state.forget_conversation("gone")
     with pytest.raises(ConversationDeleted, match=r"runtime\.conversation\('gone'\)"):
-        state.next_run_number("gone")
+        state.begin_run("gone", "no-container", "no-lease", 3.0)
     state.close()
 
 

@@ -50,8 +50,9 @@ class SandboxHandle:
         """Bytes used in the results folder against its quota."""
         return self._service.store.usage(self.folders)
 
-    def next_run_number(self) -> int:
-        return self._service.next_run_number(self.conversation_id)
+    def begin_run(self, sandbox: Sandbox) -> int:
+        """The run's number, with the sandbox's use recorded in the same write."""
+        return self._service.begin_run(self.conversation_id, sandbox)
 
     def start(self) -> Sandbox:
         """The running sandbox, started or re-attached when needed."""

@@ -108,9 +108,11 @@ class ConversationService:
         with self.borrowed(conversation_id) as folders:
             return self.store.usage(folders)
 
-    def next_run_number(self, conversation_id: str) -> int:
-        """The conversation's next run number (``ConversationDeleted`` when it was deleted meanwhile)."""
-        return self.state.next_run_number(conversation_id)
+    def begin_run(self, conversation_id: str, sandbox: Sandbox) -> int:
+        """The conversation's next run number, with the use of its sandbox (and this process's hold) recorded in
+        the same transaction (``ConversationDeleted`` when it was deleted meanwhile)."""
+        manager = self.manager
+        return self.state.begin_run(conversation_id, sandbox.container_id, manager.lease.id, manager.clock())
 
     # sandboxes ------------------------------------------------------------------------------------------
     def sandbox(self, conversation_id: str) -> Sandbox:
@@ -167,8 +169,10 @@ class ConversationService:
             self.manager.host_lock.remove(conversation_id)
 
     def reap(self) -> list[Removal]:
-        """Remove the sandboxes that are idle, too old or stopped (never one another live process holds), then
-        release the quota volumes this process no longer uses."""
+        """End the resident executors idle longer than ``executor_idle_s``, remove the sandboxes that are idle,
+        too old or stopped (never one another live process holds), then release the quota volumes this process no
+        longer uses."""
+        self.manager.backend.drop_idle_executors(self.policy.sandbox.executor_idle_s)
         idle_before = self.manager.idle_before(self.manager.clock())
         removals = self.manager.reap()
         for removal in removals:

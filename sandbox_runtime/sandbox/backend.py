@@ -1,9 +1,10 @@
 """The one seam between the runtime and a container engine: an abstract backend taking and returning models.
 
 :class:`SandboxBackend` is what a backend must do for the runtime: start a container from a spec, exec in it
-with caps and a deadline, stop (restart, remove) it, and inspect and list it by labels. :class:`ImageBuilder`
-(building, importing and pulling the executor image) is apart: a backend that runs sandboxes from an image made
-elsewhere needs none of it.
+with caps and a deadline, run a program under the in-sandbox runner (:class:`RunRequest`: confined, with a time
+limit, output caps and the runner's verdict), stop (restart, remove) it, and inspect and list it by labels.
+:class:`ImageBuilder` (building, importing and pulling the executor image) is apart: a backend that runs
+sandboxes from an image made elsewhere needs none of it.
 
 :class:`ContainerSpec` says everything a sandbox container is (built by :mod:`sandbox_runtime.sandbox.profile`,
 the one place where hardening lives); a confining backend must apply every field or raise, never drop one
@@ -17,7 +18,7 @@ from __future__ import annotations
 
 import abc
 from collections.abc import Callable
-from typing import ClassVar, Literal
+from typing import ClassVar, Literal, NamedTuple
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -32,8 +33,14 @@ __all__ = [
     "ExecResult",
     "HostFacts",
     "ImageBuilder",
+    "RunRequest",
+    "RunResult",
+    "RunnerVerdict",
     "SandboxBackend",
 ]
+
+HOST_CAP_MARGIN_BYTES = 64 * 1024  # the runner stops at cap + 1; the host's own cap is a backstop above it
+HOST_DEADLINE_MARGIN_S = 15.0  # the host's own deadline: the runner's time limit and grace, and this
 
 
 class _Model(BaseModel):
@@ -131,6 +138,51 @@ class ExecResult(_Model):
         )
 
 
+class RunRequest(_Model):
+    """One program to run under the in-sandbox runner: confined (no_new_privs, the runner's seccomp filter,
+    RLIMIT_NPROC), stopped at its time limit (SIGTERM, SIGKILL after the grace) or at an output cap, and every
+    process of it ended afterwards; how it ended is the runner's :class:`RunnerVerdict`."""
+
+    program: tuple[str, ...] = Field(min_length=2, description="The interpreter, the script, its arguments.")
+    user: str
+    environment: dict[str, str] = Field(default_factory=dict)
+    working_dir: str = "/"
+    timeout_s: float = Field(gt=0)
+    grace_s: float = Field(ge=0)
+    stdout_max_bytes: int = Field(gt=0, description="The runner's cap: it passes on at most cap + 1 bytes.")
+    stderr_max_bytes: int = Field(gt=0)
+    nproc_max: int = Field(ge=0, description="RLIMIT_NPROC of the run (0: none).")
+
+    @property
+    def deadline_s(self) -> float:
+        """The host's own deadline, a backstop past the runner's time limit and grace."""
+        return self.timeout_s + self.grace_s + HOST_DEADLINE_MARGIN_S
+
+    @property
+    def host_caps(self) -> tuple[int, int]:
+        """The host's own caps on stdout and stderr, a backstop above the runner's."""
+        return self.stdout_max_bytes + HOST_CAP_MARGIN_BYTES, self.stderr_max_bytes + HOST_CAP_MARGIN_BYTES
+
+
+VerdictName = Literal["exited", "timeout", "output_limit", "not_started", "left_running"]
+
+
+class RunnerVerdict(NamedTuple):
+    """How the in-sandbox runner says a run ended (see ``_data/images/executor/run.py``)."""
+
+    verdict: VerdictName
+    signal: int | None  # ``exited``: the signal that ended the script, if one did
+    stream: Literal["stdout", "stderr"] | None  # ``output_limit``: the stream that passed its cap
+
+
+class RunResult(NamedTuple):
+    """What a run did, as the script made it (the runner's own words taken off), and the runner's verdict (None:
+    the runner did not see the run through, or the caller cancelled it)."""
+
+    result: ExecResult
+    verdict: RunnerVerdict | None
+
+
 class EngineInfo(_Model):
     """Facts about the engine and host that doctor shows."""
 
@@ -212,6 +264,18 @@ class SandboxBackend(abc.ABC):
         ``control.progress`` hears about once a second (never more often than every 0.5 s): the seconds
         elapsed, ``request.deadline_s`` as the total, and a line naming the bytes of output so far.
         """
+
+    @abc.abstractmethod
+    def run(self, container_id: str, request: RunRequest, control: CallControl | None = None) -> RunResult:
+        """Run a program under the in-sandbox runner (see :class:`RunRequest`), with the host's own caps and
+        deadline as backstops; the errors and ``control`` are as for :meth:`exec`. Whatever channel reaches the
+        runner, every status and every protection is the same."""
+
+    def drop_idle_executors(self, idle_s: float) -> int:
+        """End the resident executors of sandboxes unused for ``idle_s`` seconds (their memory is given back; the
+        next run starts one again); how many. A backend that keeps none has nothing to drop."""
+        del idle_s
+        return 0
 
     @abc.abstractmethod
     def oom_kill_count(self, container_id: str) -> int | None:

@@ -1,7 +1,9 @@
 """The Docker backend: the only module that imports ``docker``; every docker error is mapped here.
 
 Exec output is read from the raw attach socket with ``select`` so that a byte cap and a deadline hold even
-when the code prints forever or never exits; Docker's log driver is never used (it is unbounded on disk).
+when the code prints forever or never exits; Docker's log driver is never used (it is unbounded on disk). Runs
+go to each sandbox's resident executor (:mod:`~sandbox_runtime.sandbox.executors`), one long exec with stdin
+attached.
 
 How a command ended is read from the engine, never from what the command printed: when it ends the way the OCI
 runtime ends things (no exit code, or one of 126 and above) the engine is asked whether the sandbox still
@@ -35,6 +37,8 @@ from sandbox_runtime.sandbox.backend import (
     HostFacts,
     ImageBuilder,
     ProgressCallback,
+    RunRequest,
+    RunResult,
     SandboxBackend,
 )
 from sandbox_runtime.sandbox.docker_records import (
@@ -44,6 +48,7 @@ from sandbox_runtime.sandbox.docker_records import (
     pid_in_container,
 )
 from sandbox_runtime.sandbox.exec_stream import Caller, Frames, Watch, oom_kills, read_cgroup_file, read_frames
+from sandbox_runtime.sandbox.executors import ResidentExecutors
 from sandbox_runtime.sandbox.profile import end_all_command
 
 __all__ = ["DockerBackend"]
@@ -102,6 +107,7 @@ class DockerBackend(SandboxBackend, ImageBuilder):
         self._api = self._client.api
         self._host_pids_visible = False
         self._first_pids: dict[str, int] = {}  # container id -> host pid of its first process
+        self._executors = ResidentExecutors(_EngineSide(self))
 
     @contextlib.contextmanager
     def _engine(
@@ -235,6 +241,7 @@ class DockerBackend(SandboxBackend, ImageBuilder):
         return container_info(attrs)
 
     def remove(self, container_id: str) -> None:
+        self._executors.forget(container_id)
         with self._engine("remove container"):
             try:
                 self._api.remove_container(container_id, force=True, v=True)
@@ -246,8 +253,30 @@ class DockerBackend(SandboxBackend, ImageBuilder):
                 raise
 
     def restart(self, container_id: str) -> None:
+        self._executors.forget(container_id)
         with self._engine("restart container"):
             self._api.restart(container_id, timeout=0)
+
+    # runs ---------------------------------------------------------------------------------------------
+    def run(self, container_id: str, request: RunRequest, control: CallControl | None = None) -> RunResult:
+        return self._executors.run(container_id, request, control)
+
+    def drop_idle_executors(self, idle_s: float) -> int:
+        return self._executors.drop_idle(idle_s)
+
+    def _open_exec(self, container_id: str, command: tuple[str, ...], request: RunRequest) -> tuple[object, str]:
+        """Start a long command with stdin attached (the resident executor): its attach socket and exec id."""
+        with self._engine("start the sandbox's executor"):
+            try:
+                exec_id = self._create_exec(
+                    container_id, command, request.user, request.environment, request.working_dir, stdin=True
+                )
+            except (docker.errors.NotFound, docker.errors.APIError) as exc:
+                if isinstance(exc, docker.errors.NotFound) or exc.status_code == 409:
+                    raise SandboxGone(f"sandbox {container_id[:12]} is gone: {exc.explanation or exc}") from exc
+                raise
+            raw = self._api.exec_start(exec_id, detach=False, tty=False, socket=True)
+        return raw, exec_id
 
     # exec ---------------------------------------------------------------------------------------------
     def exec(self, container_id: str, request: ExecRequest, control: CallControl | None = None) -> ExecResult:
@@ -287,7 +316,9 @@ class DockerBackend(SandboxBackend, ImageBuilder):
         """Run one command: what its stream said, its exit code (None: unknown), and the watch kept meanwhile."""
         with self._engine("start a command in the sandbox"):
             try:
-                exec_id = self._create_exec(container_id, request)
+                exec_id = self._create_exec(
+                    container_id, request.command, request.user, request.environment, request.working_dir
+                )
             except (docker.errors.NotFound, docker.errors.APIError) as exc:
                 if isinstance(exc, docker.errors.NotFound) or exc.status_code == 409:
                     raise SandboxGone(f"sandbox {container_id[:12]} is gone: {exc.explanation or exc}") from exc
@@ -360,7 +391,11 @@ class DockerBackend(SandboxBackend, ImageBuilder):
         pid = self._first_pids.get(container_id, 0)
         if not pid_in_container(pid, container_id):  # unknown, or the container was restarted since
             with self._engine("inspect container"):
-                pid = int((self._api.inspect_container(container_id).get("State") or {}).get("Pid") or 0)
+                try:
+                    state = self._api.inspect_container(container_id).get("State") or {}
+                except docker.errors.NotFound as exc:
+                    raise SandboxGone(f"sandbox {container_id[:12]} is gone: {exc.explanation or exc}") from exc
+                pid = int(state.get("Pid") or 0)
             self._first_pids[container_id] = pid
             self._host_pids_visible = self._host_pids_visible or pid_in_container(pid, container_id)
         return Watch(
@@ -370,19 +405,28 @@ class DockerBackend(SandboxBackend, ImageBuilder):
             lambda: read_cgroup_file(container_id, "pids", "pids.current", "pids.current"),
         )
 
-    def _create_exec(self, container_id: str, request: ExecRequest) -> str:
+    def _create_exec(
+        self,
+        container_id: str,
+        command: tuple[str, ...],
+        user: str,
+        environment: dict[str, str],
+        working_dir: str,
+        *,
+        stdin: bool = False,
+    ) -> str:
         return str(
             self._api.exec_create(
                 container_id,
-                list(request.command),
+                list(command),
                 stdout=True,
                 stderr=True,
-                stdin=False,
+                stdin=stdin,
                 tty=False,
                 privileged=False,
-                user=request.user,
-                environment=dict(request.environment),
-                workdir=request.working_dir,
+                user=user,
+                environment=dict(environment),
+                workdir=working_dir,
             )["Id"]
         )
 
@@ -421,4 +465,27 @@ class DockerBackend(SandboxBackend, ImageBuilder):
         )
 
     def close(self) -> None:
+        self._executors.close()
         self._client.close()
+
+
+class _EngineSide:
+    """The engine's side of the resident executors (:class:`~sandbox_runtime.sandbox.executors.Engine`)."""
+
+    def __init__(self, backend: DockerBackend) -> None:
+        self._backend = backend
+
+    def open_exec(self, container_id: str, command: tuple[str, ...], request: RunRequest) -> tuple[object, str]:
+        return self._backend._open_exec(container_id, command, request)
+
+    def watch(self, container_id: str) -> Watch:
+        return self._backend._watch(container_id)
+
+    def end_all(self, container_id: str, user: str) -> None:
+        self._backend._end_all(container_id, user)
+
+    def exec_exit_code(self, exec_id: str) -> int | None:
+        return self._backend._exit_code(exec_id)
+
+    def still_serves(self, container_id: str, user: str, watch: Watch) -> bool:
+        return self._backend._still_serves(container_id, user, watch)

@@ -9,6 +9,7 @@ of the command and the stream is then read to its end (bounded), and progress is
 
 from __future__ import annotations
 
+import contextlib
 import os
 import select
 import struct
@@ -19,7 +20,7 @@ from typing import Any, Literal, NamedTuple
 
 from sandbox_runtime.control import CallControl
 
-__all__ = ["Caller", "Frames", "Watch", "oom_kills", "read_cgroup_file", "read_frames"]
+__all__ = ["Caller", "Demux", "Frames", "Watch", "oom_kills", "read_cgroup_file", "read_frames"]
 
 _HEADER = struct.Struct(">BxxxL")
 _STDOUT, _STDERR = 1, 2
@@ -31,19 +32,34 @@ _CANCEL_DRAIN_S = 1.0  # after the processes were ended, how long the rest of th
 _CGROUP_ROOT = Path("/sys/fs/cgroup")
 
 
+# where the engine's cgroups live: cgroupfs or systemd, v1 or v2 (the first layout that answered is tried first)
+_CGROUP_LAYOUTS = [
+    "{root}/{controller}/docker/{id}/{v1}",
+    "{root}/docker/{id}/{v2}",
+    "{root}/{controller}/system.slice/docker-{id}.scope/{v1}",
+    "{root}/system.slice/docker-{id}.scope/{v2}",
+]
+
+
 def read_cgroup_file(container_id: str, controller: str, v1_name: str, v2_name: str) -> str | None:
     """Read a cgroup file of a Docker container under the cgroupfs or systemd layouts, v1 or v2."""
-    candidates = (
-        _CGROUP_ROOT / controller / "docker" / container_id / v1_name,
-        _CGROUP_ROOT / "docker" / container_id / v2_name,
-        _CGROUP_ROOT / controller / "system.slice" / f"docker-{container_id}.scope" / v1_name,
-        _CGROUP_ROOT / "system.slice" / f"docker-{container_id}.scope" / v2_name,
-    )
-    for path in candidates:
+    for layout in list(_CGROUP_LAYOUTS):
+        path = layout.format(root=_CGROUP_ROOT, controller=controller, id=container_id, v1=v1_name, v2=v2_name)
         try:
-            return path.read_text().strip()
+            fd = os.open(path, os.O_RDONLY)
         except OSError:
             continue
+        try:
+            text = os.read(fd, 65536).decode(errors="replace").strip()
+        except OSError:
+            continue
+        finally:
+            os.close(fd)
+        if layout is not _CGROUP_LAYOUTS[0]:
+            with contextlib.suppress(ValueError):
+                _CGROUP_LAYOUTS.remove(layout)
+                _CGROUP_LAYOUTS.insert(0, layout)
+        return text
     return None
 
 
@@ -135,6 +151,24 @@ class Caller:
         )
 
 
+class Demux:
+    """Docker's attach stream cut into (stream number, payload) frames, fed a chunk at a time."""
+
+    def __init__(self) -> None:
+        self._pending = bytearray()
+
+    def feed(self, chunk: bytes) -> list[tuple[int, bytes]]:
+        self._pending += chunk
+        frames: list[tuple[int, bytes]] = []
+        while len(self._pending) >= _HEADER.size:
+            kind, size = _HEADER.unpack_from(self._pending)
+            if len(self._pending) < _HEADER.size + size:
+                break
+            frames.append((kind, bytes(self._pending[_HEADER.size : _HEADER.size + size])))
+            del self._pending[: _HEADER.size + size]
+        return frames
+
+
 class Frames(NamedTuple):
     stdout: bytearray
     stderr: bytearray
@@ -155,7 +189,7 @@ def read_frames(
     buffers = {_STDOUT: bytearray(), _STDERR: bytearray()}
     limits = {_STDOUT: caps[0], _STDERR: caps[1]}
     totals = {_STDOUT: 0, _STDERR: 0}
-    pending = bytearray()
+    demux = Demux()
     fd = sock.fileno()
     cancelled = False
 
@@ -182,13 +216,7 @@ def read_frames(
         chunk = os.read(fd, 65536)
         if not chunk:
             return frames(None, "eof")
-        pending += chunk
-        while len(pending) >= _HEADER.size:
-            kind, size = _HEADER.unpack_from(pending)
-            if len(pending) < _HEADER.size + size:
-                break
-            payload = bytes(pending[_HEADER.size : _HEADER.size + size])
-            del pending[: _HEADER.size + size]
+        for kind, payload in demux.feed(chunk):
             if kind not in buffers:
                 continue
             totals[kind] += len(payload)

@@ -33,10 +33,12 @@ from sandbox_runtime.sandbox.backend import (
     ExecRequest,
     ExecResult,
     HostFacts,
+    RunRequest,
+    RunResult,
     SandboxBackend,
 )
 from sandbox_runtime.sandbox.fake_run import RunnerLimits, end_group, run_command
-from sandbox_runtime.sandbox.profile import PYTHON, RUNNER, end_all_command
+from sandbox_runtime.sandbox.profile import PYTHON, RUNNER, end_all_command, run_by_exec
 
 __all__ = ["FakeBackend"]
 
@@ -178,6 +180,9 @@ class FakeBackend(SandboxBackend):
             control=control,
             track=track,
         )
+
+    def run(self, container_id: str, request: RunRequest, control: CallControl | None = None) -> RunResult:
+        return run_by_exec(self, container_id, request, control)  # the runner's contract, kept by exec below
 
     def oom_kill_count(self, container_id: str) -> int | None:
         return None  # no memory limit, no counter

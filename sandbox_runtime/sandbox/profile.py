@@ -11,12 +11,24 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
-from typing import Literal, NamedTuple, cast
+from typing import Literal, cast
 
+from sandbox_runtime.control import CallControl
 from sandbox_runtime.policy import Policy
-from sandbox_runtime.sandbox.backend import BindMount, ContainerSpec, ExecResult
+from sandbox_runtime.sandbox.backend import (
+    BindMount,
+    ContainerSpec,
+    ExecRequest,
+    ExecResult,
+    RunnerVerdict,
+    RunRequest,
+    RunResult,
+    SandboxBackend,
+    VerdictName,
+)
 
 __all__ = [
+    "EXECUTOR",
     "KEEPER_COMMAND",
     "LABEL_CONVERSATION",
     "LABEL_CREATED_AT",
@@ -31,7 +43,10 @@ __all__ = [
     "container_spec",
     "end_all_command",
     "exec_environment",
+    "executor_command",
     "read_runner_verdict",
+    "run_by_exec",
+    "run_request",
     "runner_command",
 ]
 
@@ -44,6 +59,7 @@ LABEL_STATE_DIR = "io.sandbox-runtime.state-dir"
 KEEPER_COMMAND = ("sleep", "infinity")
 PYTHON = "/opt/venv/bin/python"
 RUNNER = "/opt/sandbox/run.py"
+EXECUTOR = "/opt/sandbox/executor.py"
 SELFCHECK = "/opt/sandbox/selfcheck.py"
 
 _ENV_ALLOW_LIST = {
@@ -85,28 +101,64 @@ def end_all_command() -> tuple[str, ...]:
     return (PYTHON, "-I", "-S", "-c", program)
 
 
-def runner_command(policy: Policy, timeout_s: float, program: Sequence[str]) -> tuple[str, ...]:
-    """The exec command that runs ``program`` under the in-sandbox runner (confinement, caps, time limit).
+def run_request(policy: Policy, timeout_s: float, program: Sequence[str]) -> RunRequest:
+    """The request that runs ``program`` (the interpreter, a script, its arguments) under the in-sandbox runner
+    with the policy's caps, grace, identity and environment."""
+    nproc_max = policy.sandbox.limits.pids_max - _GVISOR_PIDS_RESERVE if policy.sandbox.runtime == "runsc" else 0
+    return RunRequest(
+        program=tuple(program),
+        user=code_user(policy),
+        environment=exec_environment(policy),
+        working_dir=policy.sandbox.results_mount_path,
+        timeout_s=timeout_s,
+        grace_s=policy.run.kill_grace_s,
+        stdout_max_bytes=policy.run.stdout_max_bytes,
+        stderr_max_bytes=policy.run.stderr_max_bytes,
+        nproc_max=nproc_max,
+    )
+
+
+def runner_command(request: RunRequest) -> tuple[str, ...]:
+    """The exec command that runs the request's program under the per-exec runner (``run.py``).
 
     Its exit code is the program's own; how the run ended is the runner's verdict record at the end of stderr,
     which :func:`read_runner_verdict` takes off (the runner's docstring says why the program cannot forge it).
     """
-    nproc_max = policy.sandbox.limits.pids_max - _GVISOR_PIDS_RESERVE if policy.sandbox.runtime == "runsc" else 0
     return (
         PYTHON,
         "-I",
         "-S",
         RUNNER,
-        f"{timeout_s:g}",
-        f"{policy.run.kill_grace_s:g}",
-        str(policy.run.stdout_max_bytes),
-        str(policy.run.stderr_max_bytes),
-        str(nproc_max),
-        *program,
+        f"{request.timeout_s:g}",
+        f"{request.grace_s:g}",
+        str(request.stdout_max_bytes),
+        str(request.stderr_max_bytes),
+        str(request.nproc_max),
+        *request.program,
     )
 
 
-VerdictName = Literal["exited", "timeout", "output_limit", "not_started", "left_running"]
+def executor_command(request: RunRequest) -> tuple[str, ...]:
+    """The exec command of the resident executor that runs requests like this one (``executor.py``)."""
+    return (PYTHON, "-I", EXECUTOR, str(request.nproc_max))
+
+
+def run_by_exec(
+    backend: SandboxBackend, container_id: str, request: RunRequest, control: CallControl | None = None
+) -> RunResult:
+    """Run a request as one exec of the per-exec runner, for backends (and checks) without a resident executor."""
+    exec_request = ExecRequest(
+        command=runner_command(request),
+        user=request.user,
+        environment=request.environment,
+        working_dir=request.working_dir,
+        stdout_max_bytes=request.host_caps[0],
+        stderr_max_bytes=request.host_caps[1],
+        deadline_s=request.deadline_s,
+    )
+    return RunResult(*read_runner_verdict(backend.exec(container_id, exec_request, control)))
+
+
 # the exit code the runner ends with for each of its own verdicts (``exited`` ends with the script's status)
 _VERDICT_EXITS: dict[str, int] = {"timeout": 124, "output_limit": 125, "not_started": 126, "left_running": 127}
 _RECORD = re.compile(
@@ -114,14 +166,6 @@ _RECORD = re.compile(
     rb"(?P<exit>\d{1,3}) (?P<signal>\d{1,2}|-) (?P<stream>stdout|stderr|-)\n\Z"
 )
 _RECORD_MAX_BYTES = 80
-
-
-class RunnerVerdict(NamedTuple):
-    """How the in-sandbox runner says a run ended (see ``_data/images/executor/run.py``)."""
-
-    verdict: VerdictName
-    signal: int | None  # ``exited``: the signal that ended the script, if one did
-    stream: Literal["stdout", "stderr"] | None  # ``output_limit``: the stream that passed its cap
 
 
 def read_runner_verdict(result: ExecResult) -> tuple[ExecResult, RunnerVerdict | None]:

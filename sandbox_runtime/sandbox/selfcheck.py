@@ -17,8 +17,8 @@ from pydantic import BaseModel, ConfigDict
 
 from sandbox_runtime.errors import SandboxError
 from sandbox_runtime.policy import Policy
-from sandbox_runtime.sandbox.backend import ContainerSpec, EngineInfo, ExecRequest, HostFacts, SandboxBackend
-from sandbox_runtime.sandbox.profile import PYTHON, SELFCHECK, code_user, exec_environment, runner_command
+from sandbox_runtime.sandbox.backend import ContainerSpec, EngineInfo, HostFacts, SandboxBackend
+from sandbox_runtime.sandbox.profile import PYTHON, SELFCHECK, exec_environment, run_by_exec, run_request
 
 __all__ = ["Check", "SelfCheckReport", "evaluate_probe", "run_self_check"]
 
@@ -282,22 +282,11 @@ def run_self_check(
     with _loopback_listener() as port:
         info = backend.create_and_start(spec)
         try:
-            result = backend.exec(
-                info.id,
-                ExecRequest(
-                    command=runner_command(
-                        policy,
-                        _PROBE_DEADLINE_S,
-                        (PYTHON, "-I", SELFCHECK, policy.sandbox.results_mount_path, str(port)),
-                    ),
-                    user=code_user(policy),
-                    environment=exec_environment(policy),
-                    working_dir=policy.sandbox.results_mount_path,
-                    stdout_max_bytes=_PROBE_OUTPUT_MAX_BYTES,
-                    stderr_max_bytes=_PROBE_OUTPUT_MAX_BYTES,
-                    deadline_s=_PROBE_DEADLINE_S,
-                ),
+            program = (PYTHON, "-I", SELFCHECK, policy.sandbox.results_mount_path, str(port))
+            request = run_request(policy, _PROBE_DEADLINE_S, program).model_copy(
+                update={"stdout_max_bytes": _PROBE_OUTPUT_MAX_BYTES, "stderr_max_bytes": _PROBE_OUTPUT_MAX_BYTES}
             )
+            result, _verdict = run_by_exec(backend, info.id, request)
             host = backend.host_facts(info.id)
         finally:
             backend.remove(info.id)

@@ -187,14 +187,20 @@ class StateDB:
                 db.execute(f"DELETE FROM {table} WHERE conversation_id = ?", (conversation_id,))  # noqa: S608  (table names from our own list)
             db.execute("DELETE FROM conversations WHERE id = ?", (conversation_id,))
 
-    def next_run_number(self, conversation_id: str) -> int:
-        """The conversation's next run number; :class:`ConversationDeleted` when it is no longer recorded (another
-        process deleted it between the start of the run and now)."""
-        row = (
-            self._connect()
-            .execute("UPDATE conversations SET runs = runs + 1 WHERE id = ? RETURNING runs", (conversation_id,))
-            .fetchone()
-        )
+    def begin_run(self, conversation_id: str, container_id: str, lease_id: str, when: float) -> int:
+        """The conversation's next run number, and the use of its sandbox and of the lease's hold recorded at
+        ``when``, in one transaction; :class:`ConversationDeleted` when the conversation is no longer recorded
+        (another process deleted it between the start of the run and now)."""
+        with self._transaction() as db:
+            row = db.execute(
+                "UPDATE conversations SET runs = runs + 1 WHERE id = ? RETURNING runs", (conversation_id,)
+            ).fetchone()
+            if row is not None:
+                db.execute("UPDATE sandboxes SET last_used_at = ? WHERE container_id = ?", (when, container_id))
+                db.execute(
+                    "UPDATE holds SET used_at = ? WHERE lease_id = ? AND conversation_id = ?",
+                    (when, lease_id, conversation_id),
+                )
         if row is None:
             raise ConversationDeleted(
                 f"conversation {conversation_id!r} was deleted while it was in use; open it again with "

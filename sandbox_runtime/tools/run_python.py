@@ -42,15 +42,8 @@ from sandbox_runtime.control import CallControl
 from sandbox_runtime.conversations.handle import SandboxHandle
 from sandbox_runtime.errors import EngineLost, InvalidToolArguments, PathNotFound, PathRejected, SandboxGone
 from sandbox_runtime.policy import Policy
-from sandbox_runtime.sandbox.backend import ExecRequest, ExecResult
-from sandbox_runtime.sandbox.profile import (
-    PYTHON,
-    RunnerVerdict,
-    code_user,
-    exec_environment,
-    read_runner_verdict,
-    runner_command,
-)
+from sandbox_runtime.sandbox.backend import ExecResult, RunnerVerdict
+from sandbox_runtime.sandbox.profile import PYTHON, run_request
 from sandbox_runtime.sandbox.records import Sandbox
 from sandbox_runtime.store.quota import QuotaUsage
 from sandbox_runtime.store.safe_paths import ResultsRoot
@@ -62,13 +55,12 @@ __all__ = ["InvalidToolArguments", "RunPythonArgs", "RunPythonResult", "RunStatu
 
 logger = logging.getLogger(__name__)
 
-_HOST_CAP_MARGIN_BYTES = 64 * 1024  # the runner stops at cap + 1; the host's own cap is a backstop above it
-_HOST_DEADLINE_MARGIN_S = 15.0
 _NO_SPACE = re.compile(r"\[Errno 28\]|No space left on device")
 # ext4 refuses a large write while its delayed allocation still holds reservations, so the folder reads
 # "nearly full" rather than full when the script fails: within 5 % of the quota (at least 4 MiB)
 _NEARLY_FULL_BYTES = 4 * 1024 * 1024
 _LOCK_POLL_S = 0.2  # a cancelled call that waits for its conversation's lock gives up within this
+_TOUCH_AFTER_S = 1.0  # a run this long records its end as the sandbox's last use too
 
 
 class RunPythonArgs(BaseModel):
@@ -116,7 +108,9 @@ def _script(root: ResultsRoot, args: RunPythonArgs, run_number: int, max_bytes: 
             pass  # a regular file, beneath the root, not a link: the sandbox may swap it later, which only
             # affects what the sandbox itself runs
         return root.sandbox_path(root.parse(args.script_path))
-    return root.create_file(f"scripts/run-{run_number:04d}.py", (args.code or "").encode("utf-8", "surrogatepass"))
+    # not made durable: the call's arguments are in the execution record, and the script is read at once
+    code = (args.code or "").encode("utf-8", "surrogatepass")
+    return root.create_file(f"scripts/run-{run_number:04d}.py", code, durable=False)
 
 
 def run_python(
@@ -172,7 +166,7 @@ def _run_locked(
     backend = handle.backend
     sandbox = handle.start()
     root = handle.root()
-    run_number = handle.next_run_number()
+    run_number = handle.begin_run(sandbox)
     try:
         script = _script(root, args, run_number, policy.store.read_max_bytes)
     except (PathRejected, PathNotFound):
@@ -184,29 +178,19 @@ def _run_locked(
         usage = handle.usage()
         return not_saved(usage.used_bytes, usage.limit_bytes)
     oom_before = backend.oom_kill_count(sandbox.container_id)
-    caps = (policy.run.stdout_max_bytes, policy.run.stderr_max_bytes)
-    request = ExecRequest(
-        command=runner_command(policy, timeout_s, (PYTHON, script, *args.args)),
-        user=code_user(policy),
-        environment=exec_environment(policy),
-        working_dir=policy.sandbox.results_mount_path,
-        stdout_max_bytes=caps[0] + _HOST_CAP_MARGIN_BYTES,
-        stderr_max_bytes=caps[1] + _HOST_CAP_MARGIN_BYTES,
-        deadline_s=timeout_s + policy.run.kill_grace_s + _HOST_DEADLINE_MARGIN_S,
-    )
+    request = run_request(policy, timeout_s, (PYTHON, script, *args.args))
     exec_control = _exec_control(control, timeout_s)
     try:
         try:
-            result = backend.exec(sandbox.container_id, request, exec_control)
+            result, verdict = backend.run(sandbox.container_id, request, exec_control)
         except SandboxGone:
             # removed or stopped from outside since this process last used it: nothing ran; start afresh
             logger.info("sandbox of %s is gone; starting a new one", handle.conversation_id)
             sandbox = handle.replace()
-            result = backend.exec(sandbox.container_id, request, exec_control)
+            result, verdict = backend.run(sandbox.container_id, request, exec_control)
     except EngineLost:
         handle.abandon(sandbox, f"the engine went away during run {run_number}")
         raise
-    result, verdict = read_runner_verdict(result)
     outcome = run_outcome(backend, policy, sandbox.container_id, result, verdict, oom_before)
     removed = outcome.removed
     _tend(handle, sandbox, result, verdict, run_number, removed=removed)
@@ -247,8 +231,8 @@ def _tend(
             or ("cancel" if result.cancelled else "deadline" if result.deadline_hit else "left running"),
         )
         handle.restart(sandbox)
-    if not (result.container_died or removed):
-        handle.touch(sandbox)
+    if not (result.container_died or removed) and result.duration_s >= _TOUCH_AFTER_S:
+        handle.touch(sandbox)  # idle time counts from the run's end (a short run's start was recorded)
 
 
 def _quota_breach(handle: SandboxHandle, result: ExecResult) -> QuotaUsage | None:

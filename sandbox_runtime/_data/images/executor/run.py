@@ -138,48 +138,67 @@ def verdict_of(outcome, detail):
     return status, record("exited", status, signal_number)
 
 
+class ChildExit:
+    """A child's exit, watched through a pidfd where the kernel has them (a poll then wakes the moment it ends;
+    without one, an old kernel or gVisor, the caller polls every 10 ms)."""
+
+    def __init__(self, child, poller):
+        self.child, self.poller, self.status = child, poller, None
+        try:
+            self.fd = os.pidfd_open(child)
+        except (AttributeError, OSError):
+            self.fd = None
+        else:
+            poller.register(self.fd, select.POLLIN)
+
+    def seen(self):
+        """True once the child has exited (its wait status is then ``status``); the first time, ``sweep(0.0)``
+        ends what it left holding its pipes, so they close."""
+        if self.status is not None:
+            return True
+        pid, raw = os.waitpid(self.child, os.WNOHANG)
+        if pid != self.child:
+            return False
+        self.status = raw
+        if self.fd is not None:
+            self.poller.unregister(self.fd)
+        sweep(0.0)
+        return True
+
+    def wait_s(self):
+        """How long a poll may sleep before the exit is looked at again."""
+        return 0.01 if self.fd is None and self.status is None else 0.5
+
+    def close(self):
+        if self.fd is not None:
+            os.close(self.fd)
+
+
 def _relay(child, timeout_s, out_fd, err_fd, caps):
     """Copy the child's output to ours until it exits, a cap is passed, or the time is up.
 
     Returns ("exited", wait status), ("output_limit", "stdout" or "stderr") or ("timeout", None). At most
     cap + 1 bytes of a stream are passed on, so the host sees the cap was passed without reading further.
-    The child's exit is watched through a pidfd where the kernel has them, so the loop wakes the moment it
-    ends.
     """
     deadline = time.monotonic() + timeout_s
     poller = select.poll()
     pipes = {out_fd: (1, 0), err_fd: (2, 1)}
     for fd in pipes:
         poller.register(fd, select.POLLIN)
-    try:
-        exit_fd = os.pidfd_open(child)
-    except (AttributeError, OSError):
-        exit_fd = None  # no pidfds (an old kernel or gVisor): poll for the exit instead
-    else:
-        poller.register(exit_fd, select.POLLIN)
+    exit_watch = ChildExit(child, poller)
     sent = [0, 0]
-    status = None
     try:
         while True:
             left = deadline - time.monotonic()
             if left <= 0:
                 return "timeout", None
-            if status is None:
-                pid, raw = os.waitpid(child, os.WNOHANG)
-                if pid == child:
-                    status = raw
-                    if exit_fd is not None:
-                        poller.unregister(exit_fd)
-                    sweep(0.0)  # the script is gone: what it left holding its pipes is ended so they close
-            if status is not None and not pipes:
-                return "exited", status
-            wait_s = 0.01 if exit_fd is None and status is None else 0.5
-            for fd, _event in poller.poll(1000 * min(left, wait_s)):
+            if exit_watch.seen() and not pipes:
+                return "exited", exit_watch.status
+            for fd, _event in poller.poll(1000 * min(left, exit_watch.wait_s())):
                 if fd in pipes and _forward(poller, fd, pipes, sent, caps):
                     return "output_limit", ("stdout", "stderr")[pipes[fd][1]]
     finally:
-        if exit_fd is not None:
-            os.close(exit_fd)
+        exit_watch.close()
 
 
 def _forward(poller, fd, pipes, sent, caps):

@@ -1,0 +1,464 @@
+"""The resident executor: one preloaded interpreter per sandbox that starts each run as a fresh forked process.
+
+Usage: python -I executor.py NPROC_MAX   (run by the host as one long ``docker exec`` with stdin attached)
+
+The host talks to it over that exec's stdin and stdout, which pass under runc and gVisor alike and are no
+network. It imports the standard library's common modules and the office libraries once, freezes its heap
+(``gc.freeze``: a forked run then copies few pages) and keeps one *spare*: a child forked while no run exists,
+waiting for its job. A run is the spare: it confines itself as the per-exec runner's script is confined
+(``confine.py``: no_new_privs, the seccomp filter, RLIMIT_NPROC), takes the script's argv, working directory and
+fresh ``__main__``, runs the script, and exits the way ``python script.py`` would. Nothing a run changes in its
+own memory reaches the next run, which is forked from the executor again; the executor itself never runs code.
+
+Host to executor, one JSON object per line::
+
+    {"op": "run", "nonce": N, "argv": [...], "cwd": "...", "timeout_s": T, "grace_s": G, "caps": [O, E]}
+    {"op": "cancel", "nonce": N}
+
+Executor to host: frames of one kind byte, a 4-byte big-endian length and the payload::
+
+    R  ready, with this process's pid          S  started: the nonce; the run is handed over after it
+    O  stdout bytes of the run                  E  stderr bytes of the run (at most cap + 1 of each)
+    D  done: "NONCE VERDICT EXIT SIGNAL STREAM KEEP" (the per-exec runner's record fields, and whether the
+       executor goes on: "keep" or "end")
+
+VERDICT is one of the runner's (``exited``, ``timeout``, ``output_limit``, ``not_started``, ``left_running``) or
+``cancelled``. Why a run cannot change what a later run executes or is told:
+
+* It runs as the same uid, so it can kill or stop the executor: the host then sees the stream end (or its own
+  deadline pass), ends every process of the uid and starts a fresh executor for the next run. ``S`` is written
+  before the job is handed over, so a stream that ends before ``S`` means the run never started.
+* It cannot read or write the executor's memory (``ptrace`` is refused by the seccomp filter, the executor is
+  non-dumpable, gVisor refuses a parent's memory), so it never learns the nonce: the host makes a new one per
+  run, after the spare that runs it was forked. Under gVisor it can open the executor's stdin and stdout
+  through ``/proc``; what it writes there cannot carry the nonce. ``D`` is one write of less than PIPE_BUF
+  bytes, made after the final sweep found no other process of the uid alive, with the nonce first: a frame the
+  host takes for ``D`` with the right nonce is this one.
+* Bytes on stdin during a run that are not the host's cancel (with the run's nonce) are the run's: the
+  executor says ``end`` in ``D`` and exits, so the next run gets a fresh executor.
+* Signals that end a process by default are ignored by the executor (SIGKILL and SIGSTOP excepted) and restored
+  in each run.
+
+Standard library only: this file runs inside the executor image.
+"""
+
+import atexit
+import builtins
+import contextlib
+import gc
+import importlib
+import importlib.machinery
+import json
+import os
+import select
+import signal
+import struct
+import sys
+import threading
+import time
+import types
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import confine
+import run as runner
+
+FRAME = struct.Struct(">cI")
+PIPE_BUF = 4096
+READ_CHUNK = 65536
+REQUEST_MAX_BYTES = 1 << 20
+CANCELLED_EXIT = 130
+SPARE_NAME = "sr-spare"  # the spare's process name (``/proc/<pid>/comm``) until it runs its job
+_IGNORED = (
+    signal.SIGHUP,
+    signal.SIGINT,
+    signal.SIGQUIT,
+    signal.SIGTERM,
+    signal.SIGUSR1,
+    signal.SIGUSR2,
+    signal.SIGALRM,
+    signal.SIGTSTP,
+    signal.SIGTTIN,
+    signal.SIGTTOU,
+    signal.SIGPIPE,
+)
+# imported once, while no request waits: the standard library's common modules, then the office libraries
+PRELOADED = (  # noqa: SIM905  (eighty names read better as words)
+    "abc argparse array base64 bisect calendar codecs collections collections.abc contextlib copy csv ctypes "
+    "dataclasses datetime decimal difflib email enum fractions functools glob gzip hashlib heapq hmac html "
+    "html.parser io itertools json locale logging math numbers operator os pathlib pickle pprint random re "
+    "shutil sqlite3 statistics string struct tempfile textwrap time traceback typing unicodedata urllib.parse "
+    "uuid warnings xml.dom.minidom xml.etree.ElementTree zipfile zlib "
+    "openpyxl openpyxl.styles openpyxl.utils openpyxl.chart docx docx.shared docx.enum.text pptx pptx.util "
+    "pptx.chart.data lxml.etree PIL.Image xlsxwriter defusedxml"
+).split()
+
+
+class Stream:
+    """The executor's end of the host channel: requests in (lines), frames out."""
+
+    def __init__(self):
+        self.pending = b""
+        self.tampered = False
+
+    def send(self, kind, payload=b""):
+        runner._write_all(1, FRAME.pack(kind, len(payload)) + payload)
+
+    def waiting(self):
+        """Whether a request (or the end of the stream) is waiting to be read."""
+        return b"\n" in self.pending or bool(select.select([0], [], [], 0)[0])
+
+    def read_request(self):
+        """The next request (a dict), blocking; None at the end of the stream or on a line that is not one."""
+        while b"\n" not in self.pending:
+            chunk = os.read(0, READ_CHUNK)
+            if not chunk or len(self.pending) > REQUEST_MAX_BYTES:
+                return None
+            self.pending += chunk
+        line, _, self.pending = self.pending.partition(b"\n")
+        try:
+            request = json.loads(line)
+        except ValueError:
+            return None
+        return request if isinstance(request, dict) else None
+
+    def take_cancels(self, nonce):
+        """Read what stdin holds now: True when the host cancelled the run; anything else marks tampering."""
+        cancelled = False
+        while select.select([0], [], [], 0)[0]:
+            chunk = os.read(0, READ_CHUNK)
+            if not chunk:
+                self.tampered = True
+                break
+            self.pending += chunk
+        while b"\n" in self.pending:
+            line, _, self.pending = self.pending.partition(b"\n")
+            try:
+                request = json.loads(line)
+            except ValueError:
+                request = None
+            if request == {"op": "cancel", "nonce": nonce}:
+                cancelled = True
+            else:
+                self.tampered = True
+        if self.pending:
+            self.tampered = True  # a part of a line: the host writes whole ones
+        return cancelled
+
+
+class Spare:
+    """A child forked while no run exists, waiting for its job: the run's pipes are made with it.
+
+    In the child, ``pid`` is 0 and only its own ends are open (stdin is /dev/null)."""
+
+    def __init__(self):
+        out_read, out_write = os.pipe()
+        err_read, err_write = os.pipe()
+        job_read, job_write = os.pipe()
+        ctl_read, ctl_write = os.pipe()
+        self.pid = os.fork()
+        if self.pid == 0:
+            null = os.open(os.devnull, os.O_RDONLY)
+            os.dup2(null, 0)
+            os.dup2(out_write, 1)
+            os.dup2(err_write, 2)
+            for fd in _open_fds():
+                if fd not in (0, 1, 2, job_read, ctl_write):
+                    _close(fd)
+            self.job_read, self.ctl_write = job_read, ctl_write
+            return
+        for fd in (out_write, err_write, job_read, ctl_write):
+            os.close(fd)
+        self.out_read, self.err_read, self.job_write, self.ctl_read = out_read, err_read, job_write, ctl_read
+
+    def hand_over(self, job):
+        """Give the child its job; the reason it could not confine itself, or "" once it runs the script."""
+        runner._write_all(self.job_write, json.dumps(job).encode() + b"\n")
+        os.close(self.job_write)
+        failure = b""
+        while len(failure) < PIPE_BUF:
+            chunk = os.read(self.ctl_read, PIPE_BUF)
+            if not chunk:
+                break
+            failure += chunk
+        os.close(self.ctl_read)
+        return failure.decode(errors="replace")
+
+    def end(self):
+        """End a spare that gets no job (the executor ends, or replaces it by one forked once loaded)."""
+        os.kill(self.pid, signal.SIGKILL)
+        os.waitpid(self.pid, 0)
+        for fd in (self.out_read, self.err_read, self.job_write, self.ctl_read):
+            _close(fd)
+
+
+def _close(fd):
+    try:
+        os.close(fd)
+    except OSError:
+        pass
+
+
+def _open_fds():
+    try:
+        return [int(name) for name in os.listdir("/proc/self/fd")]
+    except OSError:
+        return list(range(3, 256))
+
+
+def _relay(stream, spare, nonce, timeout_s, caps):
+    """Pass the run's output on as frames until it exits, a cap is passed, the time is up or the host cancels.
+
+    Returns ("exited", wait status), ("output_limit", stream name), ("timeout", None) or ("cancelled", None).
+    Closes the run's pipes."""
+    deadline = time.monotonic() + timeout_s
+    poller = select.poll()
+    pipes = {spare.out_read: (b"O", 0), spare.err_read: (b"E", 1)}
+    for fd in (*pipes, 0):
+        poller.register(fd, select.POLLIN)
+    exit_watch = runner.ChildExit(spare.pid, poller)
+    sent = [0, 0]
+    try:
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return "timeout", None
+            if exit_watch.seen() and not pipes:
+                return "exited", exit_watch.status
+            for fd, _event in poller.poll(1000 * min(left, exit_watch.wait_s())):
+                if fd == 0:
+                    cancelled = stream.take_cancels(nonce)
+                    if cancelled and not stream.tampered:
+                        return "cancelled", None
+                    if stream.tampered:
+                        poller.unregister(0)  # the run is seen through; the executor ends after it
+                elif fd in pipes and _forward(stream, poller, fd, pipes, sent, caps):
+                    return "output_limit", ("stdout", "stderr")[pipes[fd][1]]
+    finally:
+        exit_watch.close()
+        for fd in pipes:
+            os.close(fd)
+
+
+def _forward(stream, poller, fd, pipes, sent, caps):
+    """Pass one chunk of the run's output on (at most cap + 1 bytes in all); True once a cap is passed."""
+    chunk = os.read(fd, READ_CHUNK)
+    if not chunk:
+        poller.unregister(fd)
+        del pipes[fd]
+        os.close(fd)
+        return False
+    kind, index = pipes[fd]
+    room = caps[index] + 1 - sent[index]
+    if room > 0:
+        stream.send(kind, chunk[:room])
+        sent[index] += min(len(chunk), room)
+    return sent[index] > caps[index]
+
+
+def _verdict(outcome, detail):
+    """(verdict, exit status, signal, stream) of how the relay ended."""
+    if outcome == "cancelled":
+        return "cancelled", CANCELLED_EXIT, None, None
+    if outcome == "timeout":
+        return "timeout", runner.TIMEOUT_EXIT, None, None
+    if outcome == "output_limit":
+        return "output_limit", runner.OUTPUT_LIMIT_EXIT, None, detail
+    status, signal_number = runner.script_status(detail)
+    return "exited", status, signal_number, None
+
+
+def _job(request):
+    """The validated run request as (nonce, job for the spare, timeout_s, grace_s, caps), or None."""
+    try:
+        nonce, argv, cwd = request["nonce"], request["argv"], request["cwd"]
+        timeout_s, grace_s = float(request["timeout_s"]), float(request["grace_s"])
+        caps = (int(request["caps"][0]), int(request["caps"][1]))
+    except (KeyError, TypeError, ValueError, IndexError):
+        return None
+    if not (isinstance(nonce, str) and nonce.isalnum() and 16 <= len(nonce) <= 64 and isinstance(cwd, str)):
+        return None
+    if not (isinstance(argv, list) and len(argv) >= 2 and all(isinstance(a, str) for a in argv)):
+        return None
+    if not (timeout_s > 0 and grace_s >= 0 and min(caps) > 0):
+        return None
+    return nonce, {"argv": argv, "cwd": cwd}, timeout_s, grace_s, caps
+
+
+def _serve_one(stream, spare, job):
+    """Run one job in the spare and say how it ended; False when the executor must end after it."""
+    nonce, work, timeout_s, grace_s, caps = job
+    stream.send(b"S", nonce.encode())
+    failure = spare.hand_over(work)
+    if failure:
+        os.close(spare.out_read)
+        os.close(spare.err_read)
+        os.waitpid(spare.pid, 0)
+        reason = f"sandbox-runtime: the sandbox could not confine the script, so it did not run: {failure}\n"
+        stream.send(b"E", reason.encode())
+        verdict = ("not_started", runner.NOT_STARTED_EXIT, None, None)
+    else:
+        outcome, detail = _relay(stream, spare, nonce, timeout_s, caps)
+        verdict = _verdict(outcome, detail)
+        settle = grace_s if outcome == "timeout" else 0.0 if outcome in ("output_limit", "cancelled") else 0.2
+        if not runner.sweep(settle):
+            verdict = ("left_running", runner.LEFT_RUNNING_EXIT, None, None)
+    stream.take_cancels(nonce)  # after the sweep nothing of the run is left to write to stdin
+    keep = not stream.tampered and verdict[0] != "left_running"
+    name, exit_status, signal_number, which = verdict
+    fields = (nonce, name, str(exit_status), "-" if signal_number is None else str(signal_number), which or "-")
+    stream.send(b"D", " ".join((*fields, "keep" if keep else "end")).encode())
+    return keep
+
+
+def _serve():
+    """The executor's loop; returns (in a spare only) that spare, once the executor has forked it.
+
+    The modules are imported one at a time while no request waits (and one before each request, so that runs
+    back to back still get them); once they all are, the heap is frozen and the spare forked before that is
+    replaced by one that has them."""
+    stream = Stream()
+    stream.send(b"R", str(os.getpid()).encode())
+    loading = list(PRELOADED)
+    while True:
+        spare = Spare()
+        if spare.pid == 0:
+            return spare
+        if loading:
+            _import(loading.pop(0))  # at least one each time round: runs back to back still get them loaded
+            while loading and not stream.waiting():
+                _import(loading.pop(0))
+            if not loading:
+                gc.collect()
+                gc.freeze()
+                spare.end()
+                continue  # a spare forked from the loaded executor
+        request = stream.read_request()
+        job = _job(request) if request is not None and request.get("op") == "run" else None
+        if job is None:  # the end of the stream, or not a request: the host starts a fresh executor
+            spare.end()
+            os._exit(0)
+        if not _serve_one(stream, spare, job):
+            runner.sweep(0.0)
+            os._exit(0)
+
+
+def _prepare(spare, nproc_max):
+    """In a spare, before its job: confine this process and set it up as ``python`` sets up a script's.
+
+    The reason confinement failed goes to the executor (the spare then ends; the job never runs)."""
+    for sig in _IGNORED:
+        signal.signal(sig, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGPIPE, signal.SIG_IGN)  # as Python sets it at start-up
+    try:
+        confine.set_name(SPARE_NAME)
+        os.setsid()
+        confine.install(nproc_max)
+        confine.allow_inspection()  # as a script that ``python`` started: its own children may debug it
+    except Exception as exc:
+        runner._write_all(spare.ctl_write, (str(exc) or type(exc).__name__).encode())
+        os._exit(runner.NOT_STARTED_EXIT)
+    os.close(spare.ctl_write)
+    sys.dont_write_bytecode = True
+    for handle in (sys.stdout, sys.stderr):
+        handle.reconfigure(encoding="utf-8", errors="backslashreplace")
+    if os.environ.get("PYTHONFAULTHANDLER"):
+        import faulthandler
+
+        faulthandler.enable()
+
+
+def _take_job(spare):
+    """In a spare: wait for the job the executor hands over."""
+    line = b""
+    while not line.endswith(b"\n"):
+        chunk = os.read(spare.job_read, READ_CHUNK)
+        if not chunk:  # the executor ended without handing one over
+            os._exit(0)
+        line += chunk
+    os.close(spare.job_read)
+    return json.loads(line)
+
+
+def _become_main(argv, cwd):
+    """Run ``argv`` (the interpreter's path, the script's path, its arguments) as the main program."""
+    confine.set_name("python")  # as ``python script.py`` is named
+    os.chdir(cwd)
+    script = argv[1]
+    sys.argv = list(argv[1:])
+    sys.path[:] = [os.path.dirname(os.path.abspath(script)), *BASE_PATH]
+    main = types.ModuleType("__main__")
+    main.__file__ = script
+    main.__builtins__ = builtins
+    main.__cached__ = None
+    main.__loader__ = importlib.machinery.SourceFileLoader("__main__", script)
+    main.__spec__ = None
+    sys.modules["__main__"] = main
+    try:
+        with open(script, "rb") as handle:
+            source = handle.read()
+    except OSError as exc:
+        sys.stderr.write(f"{argv[0]}: can't open file {script!r}: [Errno {exc.errno}] {exc.strerror}\n")
+        raise SystemExit(2) from None
+    try:
+        code = compile(source, script, "exec", dont_inherit=True)
+    except (SyntaxError, ValueError):
+        etype, value, _tb = sys.exc_info()
+        sys.excepthook(etype, value, None)
+        raise SystemExit(1) from None
+    try:
+        exec(code, main.__dict__)  # noqa: S102  (this is the run: the script's code, in its own process)
+    except SystemExit as exc:
+        _exit(exc.code)
+    except BaseException:
+        etype, value, tb = sys.exc_info()
+        sys.excepthook(etype, value, tb.tb_next if tb is not None else None)
+        _exit(130 if etype is KeyboardInterrupt else 1)
+    _exit(0)
+
+
+def _exit(code):
+    """End the run as the interpreter would (threads joined, atexit run, streams flushed), without tearing the
+    preloaded modules down one by one: that costs tens of milliseconds and dirties every page of the heap."""
+    if code is None:
+        status = 0
+    elif isinstance(code, int):
+        status = code & 0xFF
+    else:
+        with contextlib.suppress(Exception):
+            sys.stderr.write(f"{code}\n")
+        status = 1
+    with contextlib.suppress(BaseException):
+        threading._shutdown()  # the script's threads, joined as at the interpreter's exit
+    atexit._run_exitfuncs()
+    for handle in (sys.stdout, sys.stderr):
+        try:
+            handle.flush()
+        except Exception:
+            status = 120 if status == 0 else status
+    os._exit(status)
+
+
+def _import(name):
+    with contextlib.suppress(Exception):  # an image without one of them still serves; a script's import says why
+        importlib.import_module(name)
+
+
+BASE_PATH = [entry for entry in sys.path if entry and entry != os.path.dirname(os.path.abspath(__file__))]
+
+
+def main(argv):
+    nproc_max = int(argv[1])
+    for sig in _IGNORED:
+        signal.signal(sig, signal.SIG_IGN)
+    runner.sweep(0.0)  # a spare or a run left by an earlier executor
+    confine.forbid_inspection()
+    spare = _serve()
+    _prepare(spare, nproc_max)
+    job = _take_job(spare)
+    _become_main(job["argv"], job["cwd"])
+
+
+if __name__ == "__main__":
+    main(sys.argv)

@@ -1,0 +1,195 @@
+"""Resident executors, one per sandbox: opened on a sandbox's first run, reused for every run after it, ended when
+idle too long, when their sandbox is restarted or removed, and after any run they did not see through.
+
+How a run over an executor ends, and what the host does then:
+
+* ``D`` (done): the executor's verdict is the runner's; ``end`` in it (a run tampered with the channel, or a
+  process outlived the sweep) ends the executor.
+* The stream ended before ``S``: the executor had ended before it took the run (an earlier run killed it, or a
+  sweep did); nothing ran, so the run goes to a fresh executor, once.
+* Anything else after ``S`` (the executor was killed or stopped by the run, the host's deadline or cap, a broken
+  channel, a cancel it did not answer): every process of the code's uid is ended, the executor with them, and the
+  result has no verdict, as when the per-exec runner is ended by a signal: the exec's exit code is the only
+  word, and the sandbox is asked whether it still serves.
+
+The engine's side (opening the exec, ending every process, the exec's exit code) comes in as :class:`Engine`.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import Any, Protocol, cast
+
+from sandbox_runtime.control import CallControl
+from sandbox_runtime.errors import SandboxError, SandboxGone
+from sandbox_runtime.sandbox.backend import ExecResult, RunnerVerdict, RunRequest, RunResult, VerdictName
+from sandbox_runtime.sandbox.exec_stream import Caller, Watch
+from sandbox_runtime.sandbox.executor_channel import Channel, Exchange
+from sandbox_runtime.sandbox.profile import executor_command
+
+__all__ = ["Engine", "ResidentExecutors"]
+
+logger = logging.getLogger(__name__)
+
+_READY_TIMEOUT_S = 30.0  # a new executor's first frame: an interpreter start, under load or gVisor
+
+
+class Engine(Protocol):
+    """What the executors need of the engine."""
+
+    def open_exec(self, container_id: str, command: tuple[str, ...], request: RunRequest) -> tuple[Any, str]:
+        """Start ``command`` with stdin attached; its attach socket and exec id (SandboxGone: no sandbox)."""
+
+    def watch(self, container_id: str) -> Watch:
+        """A watch on the container (its first process, memory and pids) for the time of one run."""
+
+    def end_all(self, container_id: str, user: str) -> None:
+        """End every process of ``user``'s uid in the container (bounded; logs when it cannot)."""
+
+    def exec_exit_code(self, exec_id: str) -> int | None:
+        """The exit code of an exec that ended (None: unknown)."""
+
+    def still_serves(self, container_id: str, user: str, watch: Watch) -> bool:
+        """Whether the sandbox still takes commands after one ended abruptly."""
+
+
+class ResidentExecutors:
+    """The executors of the sandboxes of one backend."""
+
+    def __init__(self, engine: Engine) -> None:
+        self._engine = engine
+        self._channels: dict[str, Channel] = {}
+        self._guard = threading.Lock()
+
+    def run(self, container_id: str, request: RunRequest, control: CallControl | None) -> RunResult:
+        started = time.monotonic()
+        if control is not None and control.is_cancelled:
+            return RunResult(ExecResult.cancelled_before_start(), None)
+        deadline = started + request.deadline_s
+        for attempt in (1, 2):
+            watch = self._engine.watch(container_id)
+            channel = self._take(container_id, request, watch)
+            caller = None
+            if control is not None:
+                caller = Caller(control, started, request.deadline_s, lambda: None)
+            try:
+                exchange = channel.run(request, deadline, watch, caller)
+            finally:
+                self._give_back(container_id, channel)
+            if exchange.stop == "done" and exchange.done is not None:
+                if not exchange.done.keep:
+                    self.forget(container_id)
+                return _finished(exchange, watch, started)
+            self.forget(container_id)
+            if exchange.stop == "eof" and not exchange.started and attempt == 1:
+                logger.info("the executor of %s had ended; starting a fresh one", container_id[:12])
+                continue
+            return self._lost(container_id, request, channel, exchange, watch, started)
+        raise AssertionError("unreachable: the second attempt returns")
+
+    def _take(self, container_id: str, request: RunRequest, watch: Watch) -> Channel:
+        """The container's executor for requests like this one, opened (and waited for) when there is none."""
+        key = (request.user, tuple(sorted(request.environment.items())), request.nproc_max)
+        with self._guard:
+            channel = self._channels.get(container_id)
+            if channel is not None and channel.key == key and not channel.busy:
+                channel.busy = True
+                return channel
+        if channel is not None and not channel.busy:
+            self.forget(container_id)  # made for other requests (another policy): replaced
+        sock, exec_id = self._engine.open_exec(container_id, executor_command(request), request)
+        channel = Channel(sock, exec_id, key)
+        if not channel.ready(time.monotonic() + _READY_TIMEOUT_S, watch):
+            channel.close()
+            if not self._engine.still_serves(container_id, request.user, watch):
+                raise SandboxGone(f"sandbox {container_id[:12]} has stopped")
+            said = channel.diagnostics.decode(errors="replace").strip()[-500:]
+            raise SandboxError(f"the resident executor of sandbox {container_id[:12]} did not start: {said}")
+        channel.busy = True
+        with self._guard:
+            self._channels[container_id] = channel
+        return channel
+
+    def _give_back(self, container_id: str, channel: Channel) -> None:
+        with self._guard:
+            channel.busy = False
+            if self._channels.get(container_id) is not channel:
+                channel.close()
+
+    def _lost(
+        self,
+        container_id: str,
+        request: RunRequest,
+        channel: Channel,
+        exchange: Exchange,
+        watch: Watch,
+        started: float,
+    ) -> RunResult:
+        """A run the executor did not see through: end what is left of it; no verdict."""
+        exit_code = self._engine.exec_exit_code(channel.exec_id) if exchange.stop == "eof" else None
+        abrupt = exchange.stop in ("died", "eof")
+        died = abrupt and not self._engine.still_serves(container_id, request.user, watch)
+        if not died:
+            self._engine.end_all(container_id, request.user)  # the run's processes, and the executor if it lives
+        said = channel.diagnostics.decode(errors="replace").strip()
+        logger.warning(
+            "the executor of %s did not see a run through (%s%s)%s",
+            container_id[:12],
+            exchange.stop,
+            "" if exit_code is None else f", exit code {exit_code}",
+            f": {said[-300:]}" if said else "",
+        )
+        result = _exec_result(exchange, watch, started, exit_code)
+        return RunResult(result.model_copy(update={"container_died": died}), None)
+
+    def forget(self, container_id: str) -> None:
+        """End the container's executor, if it has one (its sandbox is restarted or removed, or it is done)."""
+        with self._guard:
+            channel = self._channels.pop(container_id, None)
+        if channel is not None and not channel.busy:
+            channel.close()
+
+    def drop_idle(self, idle_s: float) -> int:
+        """End the executors unused for ``idle_s`` seconds; how many."""
+        now = time.monotonic()
+        with self._guard:
+            idle = [cid for cid, c in self._channels.items() if not c.busy and now - c.last_used >= idle_s]
+        for container_id in idle:
+            self.forget(container_id)
+        return len(idle)
+
+    def close(self) -> None:
+        with self._guard:
+            containers = list(self._channels)
+        for container_id in containers:
+            self.forget(container_id)
+
+
+def _finished(exchange: Exchange, watch: Watch, started: float) -> RunResult:
+    """The result of a run the executor saw through (``D``)."""
+    done = exchange.done
+    if done is None:
+        raise SandboxError("a finished run without the executor's done frame")
+    if done.verdict == "cancelled":
+        result = _exec_result(exchange, watch, started, None)
+        return RunResult(result.model_copy(update={"cancelled": True}), None)
+    verdict = RunnerVerdict(cast(VerdictName, done.verdict), done.signal, done.stream)
+    return RunResult(_exec_result(exchange, watch, started, done.exit_code), verdict)
+
+
+def _exec_result(exchange: Exchange, watch: Watch, started: float, exit_code: int | None) -> ExecResult:
+    return ExecResult(
+        exit_code=exit_code,
+        stdout=exchange.stdout,
+        stderr=exchange.stderr,
+        stdout_bytes_total=exchange.totals[0],
+        stderr_bytes_total=exchange.totals[1],
+        over_cap=exchange.over_cap,
+        deadline_hit=exchange.stop == "deadline",
+        memory_bytes_seen=watch.memory_bytes_seen,
+        pids_seen=watch.pids_seen,
+        cancelled=exchange.cancelled,
+        duration_s=time.monotonic() - started,
+    )

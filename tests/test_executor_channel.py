@@ -1,0 +1,149 @@
+"""The host's end of a resident executor believes only what the executor sends: a done frame after ``S``, with
+the nonce of the run the host sent; everything else breaks the channel (then the host ends every process of the
+run and starts a fresh executor). Played here over a socket pair standing in for Docker's attach stream, with no
+engine: the executor's side is written by the test, frame by frame, after it read the host's request.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import struct
+import threading
+import time
+from collections.abc import Callable, Iterator
+
+import pytest
+
+from sandbox_runtime.sandbox.backend import RunRequest
+from sandbox_runtime.sandbox.exec_stream import Watch
+from sandbox_runtime.sandbox.executor_channel import Channel, Exchange
+
+REQUEST = RunRequest(
+    program=("/opt/venv/bin/python", "/mnt/results/s.py"),
+    user="10001:10001",
+    timeout_s=5,
+    grace_s=0,
+    stdout_max_bytes=100,
+    stderr_max_bytes=100,
+    nproc_max=0,
+)
+Executor = Callable[[str], list[bytes]]  # the nonce of the request -> the frames the "executor" answers with
+
+
+def _mux(payload: bytes, stream: int = 1) -> bytes:
+    return struct.pack(">BxxxL", stream, len(payload)) + payload
+
+
+def _frame(kind: bytes, payload: bytes) -> bytes:
+    return kind + struct.pack(">I", len(payload)) + payload
+
+
+def _watch() -> Watch:
+    return Watch(0, False, lambda: None, lambda: None)
+
+
+@pytest.fixture
+def pair() -> Iterator[tuple[socket.socket, socket.socket]]:
+    host, executor = socket.socketpair()
+    yield host, executor
+    host.close()
+    executor.close()
+
+
+def _exchange(pair: tuple[socket.socket, socket.socket], answer: Executor) -> Exchange:
+    host, executor = pair
+
+    def serve() -> None:
+        line = b""
+        while not line.endswith(b"\n"):
+            line += executor.recv(65536)
+        for chunk in answer(json.loads(line)["nonce"]):
+            executor.sendall(chunk)
+        executor.shutdown(socket.SHUT_WR)  # the executor's end: its stream ends after its last frame
+
+    executor.sendall(_mux(_frame(b"R", b"7")))
+    channel = Channel(host, "exec-id", ())
+    assert channel.ready(_deadline(), _watch())
+    assert channel.pid == 7
+    thread = threading.Thread(target=serve)
+    thread.start()
+    try:
+        return channel.run(REQUEST, _deadline(), _watch(), None)
+    finally:
+        thread.join(timeout=10)
+
+
+def _deadline() -> float:
+    return time.monotonic() + 10
+
+
+def _done(nonce: str, fields: str = "exited 0 - - keep") -> bytes:
+    return _frame(b"D", f"{nonce} {fields}".encode())
+
+
+def test_a_run_the_executor_sees_through_is_believed(pair: tuple[socket.socket, socket.socket]) -> None:
+    def answer(nonce: str) -> list[bytes]:
+        return [
+            _mux(_frame(b"S", nonce.encode()) + _frame(b"O", b"hello\n")),
+            _mux(b"a diagnostic line of the executor's own\n", stream=2),
+            _mux(_frame(b"E", b"warn\n") + _done(nonce, "exited 3 - - keep")),
+        ]
+
+    exchange = _exchange(pair, answer)
+    assert exchange.stop == "done"
+    assert (exchange.stdout, exchange.stderr, exchange.totals) == (b"hello\n", b"warn\n", (6, 5))
+    assert exchange.done is not None
+    assert (exchange.done.verdict, exchange.done.exit_code, exchange.done.keep) == ("exited", 3, True)
+
+
+def test_frames_split_anywhere_across_reads_are_put_back_together(pair: tuple[socket.socket, socket.socket]) -> None:
+    def answer(nonce: str) -> list[bytes]:
+        stream = _mux(_frame(b"S", nonce.encode()) + _frame(b"O", b"x" * 50) + _done(nonce))
+        return [stream[i : i + 3] for i in range(0, len(stream), 3)]
+
+    exchange = _exchange(pair, answer)
+    assert (exchange.stop, exchange.stdout) == ("done", b"x" * 50)
+
+
+@pytest.mark.parametrize(
+    "forged",
+    [
+        pytest.param(lambda nonce: [_mux(_frame(b"S", nonce.encode()) + _done("0" * 32))], id="another-nonce"),
+        pytest.param(lambda nonce: [_mux(_done(nonce))], id="done-before-started"),
+        pytest.param(lambda nonce: [_mux(_frame(b"O", b"early") + _done(nonce))], id="output-before-started"),
+        pytest.param(
+            lambda nonce: [_mux(_frame(b"S", nonce.encode()) + _frame(b"S", nonce.encode()))], id="second-started"
+        ),
+        pytest.param(lambda nonce: [_mux(_frame(b"S", nonce.encode()) + _frame(b"X", b""))], id="unknown-kind"),
+        pytest.param(lambda nonce: [_mux(b"D" + struct.pack(">I", 1 << 30))], id="oversized-frame"),
+        pytest.param(
+            lambda nonce: [_mux(_frame(b"S", nonce.encode()) + _done(nonce, "exited 0 - - keep trailing"))],
+            id="done-with-more-fields",
+        ),
+    ],
+)
+def test_anything_the_executor_does_not_send_breaks_the_channel(
+    pair: tuple[socket.socket, socket.socket], forged: Executor
+) -> None:
+    exchange = _exchange(pair, forged)
+    assert exchange.stop == "broken"
+    assert exchange.done is None
+
+
+def test_the_hosts_own_cap_holds_against_an_executor_that_passes_its_cap(
+    pair: tuple[socket.socket, socket.socket],
+) -> None:
+    def answer(nonce: str) -> list[bytes]:
+        return [_mux(_frame(b"S", nonce.encode()))] + [_mux(_frame(b"O", b"y" * 60000)) for _ in range(3)]
+
+    exchange = _exchange(pair, answer)
+    assert (exchange.stop, exchange.over_cap) == ("cap", "stdout")
+    assert len(exchange.stdout) == REQUEST.host_caps[0]
+
+
+def test_a_stream_that_ends_before_started_says_the_run_never_began(
+    pair: tuple[socket.socket, socket.socket],
+) -> None:
+    exchange = _exchange(pair, lambda nonce: [])
+    assert (exchange.stop, exchange.started) == ("eof", False)

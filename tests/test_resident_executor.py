@@ -1,0 +1,285 @@
+"""The resident executor, tried from inside real sandboxes under runc and gVisor: each run is a fresh fork of one
+preloaded interpreter, nothing but files passes from a run to the next, and a run that kills, stops, signals or
+writes into its executor costs the next run at most a fresh executor, whose status is still right.
+
+The script's parent is the executor (``os.getppid()``), so a run can name it; a later run's parent shows whether
+the executor is the same one.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from sandbox_runtime.api.runtime import Conversation, Runtime
+from sandbox_runtime.policy import Policy
+from sandbox_runtime.sandbox.exec_stream import read_cgroup_file
+from tests.sandbox_processes import code_processes, run_processes
+from tests.test_containment import _conversation, _run, _runtime
+
+pytestmark = pytest.mark.docker
+
+RuntimeFactory = Callable[..., Runtime]
+# an idle sandbox with its loaded executor and spare, in cgroup memory (measured: about 26-39 MiB under runc; under
+# gVisor the sentry's own memory counts too, about 160 MiB); the README's benchmark table shows the figures
+IDLE_MEMORY_BUDGET_BYTES = {"runc": 64 * 1024 * 1024, "runsc": 256 * 1024 * 1024}
+PRELOAD_WITHIN_S = 60.0  # a new executor imports the office libraries while idle: about a second, 10 under gVisor
+GONE_WITHIN_S = 10.0
+
+
+def _observed(conversation: Conversation, code: str, **kwargs: Any) -> dict[str, Any]:
+    result = _run(conversation, code, **kwargs)
+    assert result.status == "ok", (result.status, result.exit_code, result.stderr[-2000:])
+    observed = json.loads(result.stdout.strip().splitlines()[-1])
+    assert isinstance(observed, dict)
+    return observed
+
+
+def _executor_pid(conversation: Conversation) -> int:
+    return int(_observed(conversation, "import json, os; print(json.dumps({'executor': os.getppid()}))")["executor"])
+
+
+def test_a_run_sees_no_global_module_or_environment_change_an_earlier_run_made(
+    runtime_factory: RuntimeFactory, containment_policy: Policy
+) -> None:
+    conversation = _conversation(runtime_factory, containment_policy, "isolation")
+    first = _observed(
+        conversation,
+        """
+        import builtins, json, os, sys
+        json.dumps.__globals__["dumps"] = None  # the preloaded module, changed in place
+        builtins.left_behind = "by run 1"
+        sys.modules["left_behind"] = sys
+        sys.path.append("/tmp/left-behind")
+        os.environ["LEFT_BEHIND"] = "1"
+        os.chdir("/tmp")
+        import wave  # not preloaded: imported by this run only
+        print(json.JSONEncoder().encode({"executor": os.getppid()}))
+        """,
+    )
+    second = _observed(
+        conversation,
+        """
+        import builtins, json, os, sys
+        print(json.dumps({
+            "executor": os.getppid(),
+            "json_dumps_works": json.dumps([1]) == "[1]",
+            "builtin": hasattr(builtins, "left_behind"),
+            "module": "left_behind" in sys.modules,
+            "wave": "wave" in sys.modules,
+            "path": "/tmp/left-behind" in sys.path,
+            "env": "LEFT_BEHIND" in os.environ,
+            "cwd": os.getcwd(),
+            "main": sys.modules["__main__"].__file__ == __file__,
+        }))
+        """,
+    )
+    assert second["executor"] == first["executor"], "both runs should come from the same executor"
+    assert second == {
+        "executor": first["executor"],
+        "json_dumps_works": True,
+        "builtin": False,
+        "module": False,
+        "wave": False,
+        "path": False,
+        "env": False,
+        "cwd": "/mnt/results",
+        "main": True,
+    }
+
+
+def test_runs_start_with_the_office_libraries_already_imported(
+    runtime_factory: RuntimeFactory, containment_policy: Policy
+) -> None:
+    conversation = _conversation(runtime_factory, containment_policy, "preload")
+    deadline = time.monotonic() + PRELOAD_WITHIN_S
+    while True:
+        seen = _observed(
+            conversation,
+            "import json, sys; print(json.dumps({m: m in sys.modules for m in ('openpyxl', 'docx', 'pptx')}))",
+        )
+        if all(seen.values()) or time.monotonic() > deadline:
+            break
+    assert seen == {"openpyxl": True, "docx": True, "pptx": True}
+    workbook = _observed(
+        conversation,
+        """
+        import json, openpyxl
+        book = openpyxl.Workbook()
+        book.active.append(["a", 1])
+        book.save("/mnt/results/preloaded.xlsx")
+        print(json.dumps({"rows": openpyxl.load_workbook("/mnt/results/preloaded.xlsx").active.max_row}))
+        """,
+    )
+    assert workbook == {"rows": 1}
+
+
+def test_an_idle_sandbox_with_its_loaded_executor_stays_within_its_memory_budget(
+    runtime_factory: RuntimeFactory, containment_policy: Policy
+) -> None:
+    conversation = _conversation(runtime_factory, containment_policy, "memory")
+    deadline = time.monotonic() + PRELOAD_WITHIN_S
+    while not _observed(conversation, "import json, sys; print(json.dumps({'loaded': 'pptx' in sys.modules}))")[
+        "loaded"
+    ]:
+        assert time.monotonic() < deadline, "the executor never finished loading"
+    used = read_cgroup_file(conversation.sandbox().container_id, "memory", "memory.usage_in_bytes", "memory.current")
+    assert used is not None, "the sandbox's cgroup has no memory counter here"
+    assert used.isdigit(), used
+    assert int(used) <= IDLE_MEMORY_BUDGET_BYTES[containment_policy.sandbox.runtime], int(used)
+
+
+def test_killing_the_executor_from_a_run_costs_the_next_run_only_a_fresh_start(
+    runtime_factory: RuntimeFactory, containment_policy: Policy
+) -> None:
+    conversation = _conversation(runtime_factory, containment_policy, "kill-executor")
+    runtime = conversation.runtime
+    before = _executor_pid(conversation)
+    result = _run(
+        conversation,
+        """
+        import os, signal, sys, time
+        if os.fork() == 0:  # a daemon the run leaves behind, which the host must end
+            os.setsid()
+            if os.fork() == 0:
+                time.sleep(10**6)
+            os._exit(0)
+        os.wait()
+        os.kill(os.getppid(), signal.SIGKILL)
+        time.sleep(10**6)
+        """,
+        timeout_s=60,
+    )
+    assert result.status == "error", (result.status, result.message)
+    assert result.exit_code == 137, result  # the executor's own end by SIGKILL: no verdict, so its code stands
+    assert run_processes(runtime, conversation.id) == []  # the run and its daemon were ended with it
+    after = _executor_pid(conversation)
+    assert after != before
+
+
+def test_signals_that_end_a_process_by_default_leave_the_executor_serving(
+    runtime_factory: RuntimeFactory, containment_policy: Policy
+) -> None:
+    conversation = _conversation(runtime_factory, containment_policy, "signal-executor")
+    before = _executor_pid(conversation)
+    result = _run(
+        conversation,
+        """
+        import os, signal
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGALRM):
+            os.kill(os.getppid(), sig)
+        print("sent")
+        """,
+    )
+    assert (result.status, result.stdout) == ("ok", "sent\n"), (result.status, result.message)
+    assert _executor_pid(conversation) == before
+
+
+def test_stopping_the_executor_from_a_run_ends_at_the_hosts_deadline_and_the_next_run_is_right(
+    runtime_factory: RuntimeFactory, containment_policy: Policy
+) -> None:
+    conversation = _conversation(runtime_factory, containment_policy, "stop-executor")
+    before = _executor_pid(conversation)
+    result = _run(conversation, "import os, signal; os.kill(os.getppid(), signal.SIGSTOP)", timeout_s=1)
+    assert result.status == "timeout", (result.status, result.message)  # the host's own deadline ended it
+    assert run_processes(conversation.runtime, conversation.id) == []
+    assert _executor_pid(conversation) != before
+    ok = conversation.run_python("raise SystemExit(3)")
+    assert (ok.status, ok.exit_code) == ("error", 3)
+
+
+def test_a_done_frame_a_run_writes_into_the_executors_stdout_is_not_believed(
+    runtime_factory: RuntimeFactory, containment_policy: Policy
+) -> None:
+    conversation = _conversation(runtime_factory, containment_policy, "forge-done")
+    before = _executor_pid(conversation)
+    result = _run(
+        conversation,
+        """
+        import os, struct
+        payload = b"0" * 32 + b" exited 0 - - keep"
+        try:
+            fd = os.open(f"/proc/{os.getppid()}/fd/1", os.O_WRONLY)
+        except OSError as exc:
+            print(exc.strerror)
+        else:
+            os.write(fd, b"S" + struct.pack(">I", 32) + b"0" * 32 + b"D" + struct.pack(">I", len(payload)) + payload)
+            print("written")
+        raise SystemExit(3)
+        """,
+    )
+    if containment_policy.sandbox.runtime == "runc":
+        # the executor is non-dumpable: its descriptors are closed to the run
+        assert (result.status, result.exit_code, result.stdout) == ("error", 3, "Permission denied\n")
+        assert _executor_pid(conversation) == before
+    else:
+        # gVisor lets a process open its parent's descriptors: the forged frames break the channel
+        assert result.status == "error", (result.status, result.message)
+        assert result.exit_code != 0
+        assert _executor_pid(conversation) != before
+    assert conversation.run_python("print('next')").stdout == "next\n"
+
+
+def test_a_request_a_run_writes_into_the_executors_stdin_never_runs(
+    runtime_factory: RuntimeFactory, containment_policy: Policy
+) -> None:
+    conversation = _conversation(runtime_factory, containment_policy, "forge-request")
+    before = _executor_pid(conversation)
+    marker = conversation.folders.results / "forged-request-ran"
+    (conversation.folders.results / "forged.py").write_text("open('/mnt/results/forged-request-ran', 'w')\n")
+    result = _run(
+        conversation,
+        """
+        import json, os
+        request = {"op": "run", "nonce": "f" * 32, "argv": ["/opt/venv/bin/python", "/mnt/results/forged.py"],
+                   "cwd": "/mnt/results", "timeout_s": 10, "grace_s": 0, "caps": [1000, 1000]}
+        try:
+            fd = os.open(f"/proc/{os.getppid()}/fd/0", os.O_WRONLY)
+            os.write(fd, json.dumps(request).encode() + b"\\n")
+        except OSError as exc:
+            print(exc.strerror)
+        else:
+            print("written")
+        """,
+    )
+    assert result.status == "ok", (result.status, result.message)
+    if containment_policy.sandbox.runtime == "runc":
+        assert result.stdout == "Permission denied\n"  # the executor is non-dumpable
+    if result.stdout == "written\n":
+        assert _executor_pid(conversation) != before  # the executor saw foreign bytes on its stdin and ended
+    else:
+        # gVisor opens the descriptor but gives the pipe's read end: the write fails (EBADF)
+        assert _executor_pid(conversation) == before
+    assert conversation.run_python("print('next')").stdout == "next\n"
+    assert not marker.exists()
+
+
+def test_an_idle_executor_is_dropped_and_the_next_run_starts_a_fresh_one(
+    runtime_factory: RuntimeFactory, containment_policy: Policy
+) -> None:
+    conversation = _conversation(runtime_factory, containment_policy, "idle-executor")
+    runtime = conversation.runtime
+    before = _executor_pid(conversation)
+    assert len(code_processes(runtime, conversation.id)) == 2  # the executor and its spare
+    assert runtime.manager.backend.drop_idle_executors(0.0) >= 1
+    deadline = time.monotonic() + GONE_WITHIN_S
+    while code_processes(runtime, conversation.id) and time.monotonic() < deadline:
+        pass  # each listing is an exec of its own: the loop is paced by the engine
+    assert code_processes(runtime, conversation.id) == []
+    assert _executor_pid(conversation) != before
+
+
+def test_two_conversations_have_executors_of_their_own(
+    runtime_factory: RuntimeFactory, containment_policy: Policy
+) -> None:
+    runtime = _runtime(runtime_factory, containment_policy)
+    first = runtime.conversation(f"own-a-{uuid.uuid4().hex[:8]}")
+    second = runtime.conversation(f"own-b-{uuid.uuid4().hex[:8]}")
+    _run(first, "open('/tmp/mine', 'w').write('a')")
+    seen = _observed(second, "import json, os; print(json.dumps({'tmp': os.path.exists('/tmp/mine')}))")
+    assert seen == {"tmp": False}
