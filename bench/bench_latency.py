@@ -6,9 +6,13 @@ Run from the repository root::
 
 The latency cases are interleaved round-robin (A, B, C, A, B, C, ...) so that machine noise hits them all alike:
 
-* ``cold_start``     ``conversation.call("run_python", {"code": "pass"})`` in a new conversation: folders,
-                     quota volume, container start and the first run. The self-check runs once per process; a
-                     warm-up conversation made before measuring absorbs it, so it is NOT in these numbers.
+* ``cold_start``     ``conversation.call("run_python", {"code": "pass"})`` in a new conversation of a runtime with
+                     a warm pool (as ``serve`` keeps one): the conversation takes a ready sandbox (folders, quota
+                     volume, container and executor made ahead). Before each sample the pool is full (an untimed
+                     wait); after it, the time until the pool is full again is kept (``pool refill``).
+* ``cold_start_no_pool``  the same in a runtime without a pool: folders, quota volume, container start, executor
+                     and the first run, all on the call's path. The self-check runs once per process; a warm-up
+                     conversation made before measuring absorbs it, so it is NOT in these numbers.
 * ``docker_run``     docker-py ``containers.run(image, ["python", "-c", "pass"], remove=True)``: baseline.
 * ``warm_print``     ``conversation.call("run_python", {"code": "print(1)"})`` in a conversation whose sandbox
                      runs: the whole pipeline (records, spill check, the script file) and the resident executor.
@@ -16,9 +20,10 @@ The latency cases are interleaved round-robin (A, B, C, A, B, C, ...) so that ma
 * ``warm_office``    ``run_python`` by path of a document script (openpyxl, 1,000 x 5 rows, saved).
 * ``exec_office``    plain exec of ``python`` on the same script in the same container: baseline.
 
-Then the scale cases (``scale_cases.py``): throughput of ``--threads`` threads over as many conversations beside
-raw exec into the same containers, idle memory per sandbox with its executor, the runtime's RSS after
-``--conversations`` live conversations, and the host disk of a conversation's quota volume.
+Then the scale cases (``scale_cases.py``, in the runtime without a pool): throughput of ``--threads`` threads over
+as many conversations beside raw exec into the same containers, idle memory per sandbox with its executor (and
+per sandbox waiting in the pool), the runtime's RSS after ``--conversations`` live conversations, and the host
+disk of a conversation's quota volume.
 
 Every container carries ``io.sandbox-runtime.bench=<uuid>`` and is removed at the end, with the conversations
 and the temporary state directory. Numbers are reported, never asserted.
@@ -43,7 +48,7 @@ from collections.abc import Callable
 from typing import NotRequired, TypedDict
 
 import docker
-from scale_cases import idle_memory, rss_and_volumes, throughput
+from scale_cases import idle_memory, pool_memory, rss_and_volumes, throughput
 
 from sandbox_runtime.api.runtime import Runtime
 from sandbox_runtime.sandbox.image import executor_image_tag
@@ -60,9 +65,15 @@ for i in range(1000):
 book.save("/mnt/results/exports/bench-office.xlsx")
 """
 OFFICE_PATH = "/mnt/results/scripts/bench_office.py"
-COLD_CASES = ("cold_start", "docker_run")
-ORDER = ("cold_start", "docker_run", "warm_print", "exec_print", "warm_office", "exec_office")
-RATIOS = (("warm_print", "exec_print"), ("warm_office", "exec_office"), ("cold_start", "docker_run"))
+COLD_CASES = ("cold_start", "cold_start_no_pool", "docker_run")
+ORDER = ("cold_start", "cold_start_no_pool", "docker_run", "warm_print", "exec_print", "warm_office", "exec_office")
+RATIOS = (
+    ("warm_print", "exec_print"),
+    ("warm_office", "exec_office"),
+    ("cold_start", "docker_run"),
+    ("cold_start_no_pool", "docker_run"),
+)
+READY_WITHIN_S = 120.0
 
 
 class Report(TypedDict):
@@ -122,14 +133,16 @@ def machine_facts(client: docker.DockerClient, runtime: Runtime) -> dict[str, ob
 
 
 class Bench:
-    """The cases as zero-argument callables over one runtime, one warm conversation and one docker client."""
+    """The cases as zero-argument callables over a runtime with a warm pool, one without, one warm conversation
+    and one docker client."""
 
-    def __init__(self, runtime: Runtime, client: docker.DockerClient, label: str) -> None:
-        self.runtime, self.client, self.label = runtime, client, label
+    def __init__(self, runtime: Runtime, plain: Runtime, client: docker.DockerClient, label: str) -> None:
+        self.runtime, self.plain, self.client, self.label = runtime, plain, client, label
         self.warm = runtime.conversation(f"bench-warm-{label[:8]}")
         self.container_id = self.warm.sandbox().container_id
         (self.warm.folders.results / "scripts" / "bench_office.py").write_text(OFFICE_SCRIPT)
         self.backend_part: list[float] = []  # RunPythonResult.duration_s (the run in the sandbox) of warm_print
+        self.refill: list[float] = []  # after a pooled cold start: until the pool was full again
 
     def call(self, conversation: object, arguments: dict[str, object], what: str) -> dict[str, object]:
         outcome = conversation.call("run_python", arguments)  # type: ignore[attr-defined]
@@ -138,11 +151,21 @@ class Bench:
             raise RuntimeError(f"{what}: run_python ended {details.get('status')}: {outcome.text[:500]}")
         return dict(details)
 
-    def cold_start(self) -> float:
-        conversation = self.runtime.conversation(f"bench-cold-{uuid.uuid4().hex[:12]}")
+    def cold_start(self, runtime: Runtime) -> float:
+        pool = runtime.pool
+        if pool is not None and not pool.wait_until_ready(timeout_s=READY_WITHIN_S):
+            raise RuntimeError("the warm pool did not fill")
+        conversation = runtime.conversation(f"bench-cold-{uuid.uuid4().hex[:12]}")
         start = time.perf_counter()
         self.call(conversation, {"code": "pass"}, "cold start")
         elapsed = time.perf_counter() - start
+        if pool is not None:
+            if not conversation.sandbox().pooled:
+                raise RuntimeError("a cold start of the pooled runtime did not take from the pool")
+            refilling = time.perf_counter()
+            if not pool.wait_until_ready(timeout_s=READY_WITHIN_S):  # the next cases run with the pool at rest
+                raise RuntimeError("the warm pool did not refill")
+            self.refill.append(time.perf_counter() - refilling)
         conversation.delete()  # untimed; keeps the number of running containers steady
         return elapsed
 
@@ -182,7 +205,8 @@ class Bench:
 
     def cases(self) -> dict[str, Callable[[], float]]:
         return {
-            "cold_start": self.cold_start,
+            "cold_start": lambda: self.cold_start(self.runtime),
+            "cold_start_no_pool": lambda: self.cold_start(self.plain),
             "docker_run": self.docker_run,
             "warm_print": lambda: self.warm_run({"code": "print(1)"}),
             "exec_print": lambda: self.plain_exec(["-c", "print(1)"]),
@@ -233,6 +257,38 @@ def print_table(report: Report) -> None:
         print(f"{key:<56} {value:10.2f}")
 
 
+def measure(bench: Bench, opts: argparse.Namespace) -> Report:
+    """Every case, side by side: the latency cases interleaved, then the scale cases (without a pool)."""
+    runtime, plain, client = bench.runtime, bench.plain, bench.client
+    samples = run(opts.repeat, opts.cold_repeat, bench)
+    samples["warm_print: the run in the sandbox"] = bench.backend_part
+    samples["pool refill after a cold start (to full)"] = bench.refill
+    stats = summarize(samples)
+    ratios = {f"{a} / {b} (p50)": stats[a]["p50_ms"] / stats[b]["p50_ms"] for a, b in RATIOS}
+    for cold in ("cold_start", "cold_start_no_pool"):
+        ratios[f"{cold} / docker_run (p95)"] = stats[cold]["p95_ms"] / stats["docker_run"]["p95_ms"]
+    scale = pool_memory(runtime)
+    rates, parallel = throughput(plain, client, opts.threads, opts.parallel_runs, blocks=3)
+    scale[f"runs/s, {opts.threads} threads, ours"] = rates["ours"]
+    scale[f"runs/s, {opts.threads} threads, raw exec"] = rates["raw"]
+    ratios[f"throughput ours / raw exec ({opts.threads} threads)"] = rates["ours"] / rates["raw"]
+    scale.update(idle_memory(plain, parallel))
+    for conversation in parallel:
+        conversation.delete()
+    scale.update(rss_and_volumes(plain, opts.conversations))
+    report: Report = {
+        "machine": machine_facts(client, runtime),
+        "repeat": opts.repeat,
+        "cold_repeat": opts.cold_repeat,
+        "stats": stats,
+        "ratios": ratios,
+        "scale": scale,
+    }
+    if opts.profile:
+        report["profile_warm_print"] = bench.profile_warm()
+    return report
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=20, help="warm repetitions per case (default 20)")
@@ -247,45 +303,27 @@ def main() -> None:
 
     label = uuid.uuid4().hex
     state_dir = tempfile.mkdtemp(prefix="sandbox-bench-")
+    plain_dir = tempfile.mkdtemp(prefix="sandbox-bench-plain-")
     client = docker.from_env()
-    runtime = Runtime(
-        state_dir,
-        opts.policy,
-        image=executor_image_tag(),
-        extra_labels={BENCH_LABEL: label},
-        sweep_on_start=False,
-        reap_interval_s=None,
-    )
+    runtimes = [
+        Runtime(
+            folder,
+            opts.policy,
+            image=executor_image_tag(),
+            extra_labels={BENCH_LABEL: label},
+            sweep_on_start=False,
+            reap_interval_s=None,
+            warm_pool=pooled,
+        )
+        for folder, pooled in ((state_dir, True), (plain_dir, False))
+    ]
     try:
-        warmup = runtime.conversation(f"bench-warmup-{label[:8]}")  # absorbs the once-per-process self-check
-        warmup.run_python("pass")
-        warmup.delete()
-        bench = Bench(runtime, client, label)
-        samples = run(opts.repeat, opts.cold_repeat, bench)
-        samples["warm_print: the run in the sandbox"] = bench.backend_part
-        stats = summarize(samples)
-        ratios = {f"{a} / {b} (p50)": stats[a]["p50_ms"] / stats[b]["p50_ms"] for a, b in RATIOS}
-        ratios["cold_start / docker_run (p95)"] = stats["cold_start"]["p95_ms"] / stats["docker_run"]["p95_ms"]
-        rates, parallel = throughput(runtime, client, opts.threads, opts.parallel_runs, blocks=3)
-        scale = {
-            f"runs/s, {opts.threads} threads, ours": rates["ours"],
-            f"runs/s, {opts.threads} threads, raw exec": rates["raw"],
-        }
-        ratios[f"throughput ours / raw exec ({opts.threads} threads)"] = rates["ours"] / rates["raw"]
-        scale.update(idle_memory(runtime, parallel))
-        for conversation in parallel:
-            conversation.delete()
-        scale.update(rss_and_volumes(runtime, opts.conversations))
-        report: Report = {
-            "machine": machine_facts(client, runtime),
-            "repeat": opts.repeat,
-            "cold_repeat": opts.cold_repeat,
-            "stats": stats,
-            "ratios": ratios,
-            "scale": scale,
-        }
-        if opts.profile:
-            report["profile_warm_print"] = bench.profile_warm()
+        for each in runtimes:
+            warmup = each.conversation(f"bench-warmup-{label[:8]}")  # absorbs the once-per-process self-check
+            warmup.run_python("pass")
+            warmup.delete()
+        bench = Bench(runtimes[0], runtimes[1], client, label)
+        report = measure(bench, opts)
         if opts.json:
             print(json.dumps(report, indent=2))
         else:
@@ -294,13 +332,15 @@ def main() -> None:
                 print("\ncProfile of one warm run_python('print(1)'), top cumulative:")
                 print(report["profile_warm_print"])
     finally:
-        for record in runtime.state.conversations():  # every conversation this run made, even after an error
-            runtime.conversation(record.id).delete()
+        for each in runtimes:
+            for record in each.state.conversations():  # every conversation this run made, even after an error
+                each.conversation(record.id).delete()
+            each.close()  # the pool's waiting sandboxes and their slots go with it
         for container in client.containers.list(all=True, filters={"label": f"{BENCH_LABEL}={label}"}):
             container.remove(force=True)
-        runtime.close()
         client.close()
         shutil.rmtree(state_dir, ignore_errors=True)
+        shutil.rmtree(plain_dir, ignore_errors=True)
 
 
 if __name__ == "__main__":

@@ -8,6 +8,7 @@ many conversations, and the host disk a conversation's quota volume takes.
   and the median block of each is reported, in runs per second.
 * ``idle memory``: the cgroup memory of each of those sandboxes, idle, with its executor loaded (and its spare);
   then again after the executors are dropped (what a sandbox costs whose executor idled out).
+* ``pool memory``: the cgroup memory of each sandbox waiting in a warm pool (what a pool costs per sandbox).
 * ``rss``: the bench process (the runtime lives in it) after ``conversations`` conversations each made one run,
   all still live.
 * ``volume``: the host disk (allocated blocks) of each of those conversations' quota volumes after that run.
@@ -29,9 +30,9 @@ import docker
 
 from sandbox_runtime.api.runtime import Conversation, Runtime
 from sandbox_runtime.sandbox.exec_stream import read_cgroup_file
-from sandbox_runtime.sandbox.profile import PYTHON, code_user, exec_environment
+from sandbox_runtime.sandbox.profile import LABEL_POOL_SLOT, PYTHON, code_user, exec_environment
 
-__all__ = ["idle_memory", "rss_and_volumes", "throughput"]
+__all__ = ["idle_memory", "pool_memory", "rss_and_volumes", "throughput"]
 
 MiB = 1024 * 1024
 
@@ -112,6 +113,15 @@ def idle_memory(runtime: Runtime, conversations: list[Conversation]) -> dict[str
         "idle sandbox with executor (MiB, median)": statistics.median(with_executor),
         "idle sandbox, executor dropped (MiB, median)": statistics.median(without),
     }
+
+
+def pool_memory(runtime: Runtime) -> dict[str, float]:
+    """Median cgroup memory (MiB) of the sandboxes waiting in the runtime's warm pool (none took them)."""
+    listed = runtime.backend.list_containers(runtime.manager.base_labels)
+    waiting = [c.id for c in listed if LABEL_POOL_SLOT in c.labels and runtime.state.sandbox(c.id) is None]
+    if not waiting:
+        return {}
+    return {"sandbox waiting in the pool (MiB, median)": statistics.median(_memory_bytes(cid) / MiB for cid in waiting)}
 
 
 def _rss_bytes() -> int:

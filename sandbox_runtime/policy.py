@@ -23,6 +23,7 @@ __all__ = [
     "ApprovalPolicy",
     "McpPolicy",
     "Policy",
+    "PoolPolicy",
     "RunPolicy",
     "SandboxLimits",
     "SandboxPolicy",
@@ -77,6 +78,28 @@ class SandboxPolicy(_Model):
         600, description="End a sandbox's resident executor unused this long (seconds); the next run starts one."
     )
     limits: SandboxLimits = SandboxLimits()
+
+
+class PoolPolicy(_Model):
+    """The warm pool: sandboxes started ahead of need (hardened, quota volume made, resident executor loaded), each
+    handed whole to one new conversation and never to another."""
+
+    ready_count: int = Field(
+        2, ge=0, le=64, description="Sandboxes kept ready for new conversations where a pool is kept (0: none)."
+    )
+    keep_in: Literal["serve", "all", "none"] = Field(
+        "serve",
+        description="Which runtimes keep a pool: 'serve' (sandbox-runtime serve; the Python API when it asks with "
+        "Runtime(warm_pool=True)), 'all' (every runtime unless it says warm_pool=False), 'none'.",
+    )
+    max_wait_s: PositiveInt = Field(
+        600,
+        description="A pooled sandbox no conversation took within this many seconds is replaced by a fresh one "
+        "(so none is handed out older than this, nor with an executor that idled out).",
+    )
+    retry_after_s: PositiveFloat = Field(
+        30.0, description="After a pooled sandbox failed to start, the pool waits this long before it tries again."
+    )
 
 
 class RunPolicy(_Model):
@@ -309,6 +332,7 @@ class Policy(_Model):
 
     name: str = Field("custom", description="A label shown by doctor and ls.")
     sandbox: SandboxPolicy = SandboxPolicy()
+    pool: PoolPolicy = PoolPolicy()
     run: RunPolicy = RunPolicy()
     store: StorePolicy = StorePolicy()
     spill: SpillPolicy = SpillPolicy()

@@ -1,11 +1,11 @@
 """The one owner of a runtime's threads.
 
 :class:`Workers` holds a bounded pool for the calls a runtime runs in parallel (the built-in calls of a turn, MCP
-tasks), the background jobs (the reaper, retention) and the services started with the runtime (a gateway's event
-loop): they are started by it and stopped with it, in one place. ``close`` stops the jobs, then the services (in
-the reverse of the order they were given), then the pool: calls still waiting for a worker are cancelled, and
-calls that run are waited for up to ``_CALLS_STOP_WAIT_S`` (a script still running after that ends with its
-sandbox, which outlives the runtime). Every wait is bounded.
+tasks), the background jobs (the reaper, retention, the warm pool; a job can be woken early) and the services
+started with the runtime (a gateway's event loop): they are started by it and stopped with it, in one place.
+``close`` stops the jobs, then the services (in the reverse of the order they were given), then the pool: calls
+still waiting for a worker are cancelled, and calls that run are waited for up to ``_CALLS_STOP_WAIT_S`` (a script
+still running after that ends with its sandbox, which outlives the runtime). Every wait is bounded.
 
 A call that runs in the pool and asks the pool for more work (a turn inside a task) runs that work in its own
 thread instead: a full pool never waits on itself.
@@ -43,7 +43,7 @@ class Workers:
         self._running = 0
         self._idle = threading.Condition()
         self._stop = threading.Event()
-        self._jobs: list[threading.Thread] = []
+        self._jobs: list[tuple[threading.Thread, threading.Event]] = []
         self._services: list[Closeable] = []
         self._guard = threading.Lock()
         self._closed = False
@@ -75,11 +75,22 @@ class Workers:
         return self._pool.submit(self._marked(lambda _none: fn()), None)
 
     # background jobs --------------------------------------------------------------------------------------
-    def every(self, interval_s: float, name: str, job: Callable[[], object]) -> None:
-        """Run ``job`` every ``interval_s`` seconds until ``close``; a failed round is logged and tried again."""
+    def every(
+        self, interval_s: float, name: str, job: Callable[[], object], *, first_now: bool = False
+    ) -> Callable[[], None]:
+        """Run ``job`` every ``interval_s`` seconds until ``close`` (``first_now``: the first round at once); a
+        failed round is logged and tried again. Returns a function that asks for the next round now (a round
+        asked for while one runs follows it)."""
+        wake = threading.Event()
+        if first_now:
+            wake.set()
 
         def loop() -> None:
-            while not self._stop.wait(interval_s):
+            while True:
+                wake.wait(interval_s)
+                wake.clear()
+                if self._stop.is_set():
+                    return
                 try:
                     job()
                 except Exception:
@@ -87,8 +98,9 @@ class Workers:
 
         thread = threading.Thread(target=loop, name=f"{self._name}-{name}", daemon=True)
         with self._guard:
-            self._jobs.append(thread)
+            self._jobs.append((thread, wake))
         thread.start()
+        return wake.set
 
     # owned services ---------------------------------------------------------------------------------------
     def own(self, service: Closeable) -> None:
@@ -105,7 +117,9 @@ class Workers:
             self._closed = True
             jobs, services = list(self._jobs), list(reversed(self._services))
         self._stop.set()
-        for thread in jobs:
+        for _, wake in jobs:
+            wake.set()
+        for thread, _ in jobs:
             thread.join(timeout=_JOB_STOP_WAIT_S)
             if thread.is_alive():
                 logger.warning("the %s job did not stop within %s s", thread.name, _JOB_STOP_WAIT_S)

@@ -35,6 +35,7 @@ UNIT_SUFFIXES = (
     "command",
     "env",
     "url",
+    "keep_in",  # which runtimes keep a warm pool: a choice, not a limit
 )
 
 

@@ -44,6 +44,7 @@ from sandbox_runtime.pipeline.approval import Approver
 from sandbox_runtime.pipeline.dispatch import Dispatcher
 from sandbox_runtime.policy import Policy, load_policy
 from sandbox_runtime.sandbox.backend import SandboxBackend
+from sandbox_runtime.sandbox.pool import WarmPool
 from sandbox_runtime.sandbox.records import Removal
 from sandbox_runtime.sandbox.selfcheck import SelfCheckReport
 from sandbox_runtime.spill.retention import RetentionReport, expire_results
@@ -80,6 +81,10 @@ class Runtime:
     A runtime registers a lease in the state database while it is open; other runtimes on the same state
     directory (whatever their policy) never remove a sandbox it holds nor unmount a volume it uses. ``close``
     drops the lease; a lease of a process that died counts as gone.
+
+    ``warm_pool``: keep the policy's ``pool.ready_count`` sandboxes started ahead of need, each handed whole to one
+    new conversation (:meth:`start_warm_pool`); None: as the policy's ``pool.keep_in`` says (``all``: yes;
+    ``serve``, the default: only ``sandbox-runtime serve``).
     """
 
     def __init__(
@@ -94,6 +99,7 @@ class Runtime:
         reap_interval_s: float | None = 60.0,
         retention_interval_s: float | Literal["policy"] | None = "policy",
         approver: Approver | None = None,
+        warm_pool: bool | None = None,
     ) -> None:
         self.policy = policy if isinstance(policy, Policy) else load_policy(policy)
         self.state_dir = Path(state_dir) if state_dir is not None else default_state_dir()
@@ -137,12 +143,32 @@ class Runtime:
                 self.manager.end_lease()  # no runtime came of it: nothing of this process holds anything
                 self.state.close()
                 raise
+        if warm_pool or (warm_pool is None and self.policy.pool.keep_in == "all"):
+            self.start_warm_pool()
         if reap_interval_s is not None:
             self.workers.every(reap_interval_s, "reaper", self.conversations.reap)
         if retention_interval_s == "policy":
             retention_interval_s = self.policy.spill.retention_interval_s
         if retention_interval_s is not None:
             self.workers.every(retention_interval_s, "retention", self.expire_files)
+
+    @property
+    def pool(self) -> WarmPool | None:
+        """The warm pool this runtime keeps (None: none)."""
+        return self.conversations.pool
+
+    def start_warm_pool(self, ready_count: int | None = None) -> WarmPool | None:
+        """Keep ``ready_count`` (default: the policy's ``pool.ready_count``) sandboxes started, hardened and loaded
+        ahead of need, each handed whole to one new conversation and never to another
+        (:mod:`~sandbox_runtime.sandbox.pool`); they start in the background at once. Nothing happens when the
+        policy's ``pool.keep_in`` is ``none``, the count is 0, or a pool is kept already. ``close`` removes the
+        sandboxes still waiting. Returns the pool (None: none)."""
+        count = self.policy.pool.ready_count if ready_count is None else ready_count
+        if self.pool is not None or self.policy.pool.keep_in == "none" or count <= 0:
+            return self.pool
+        pool = self.conversations.start_pool(count)
+        pool.wake = self.workers.every(pool.interval_s, "pool", pool.tend, first_now=True)
+        return pool
 
     def _tool_context(self, conversation_id: str) -> ToolContext:
         folders = self.conversations.folders(conversation_id)
@@ -245,13 +271,16 @@ class Runtime:
         return reports
 
     def close(self) -> None:
-        """Stop the background jobs and the services the runtime owns (a gateway registered in it), cancel the
-        calls still waiting for a worker and wait (up to 10 s) for those that run, drop this runtime's lease and
-        release the engine connection; sandboxes (and their mounted volumes) keep running for the next start to
-        re-attach. Closing twice does nothing."""
+        """Remove the sandboxes still waiting in the warm pool (with their slots), stop the background jobs and the
+        services the runtime owns (a gateway registered in it), cancel the calls still waiting for a worker and
+        wait (up to 10 s) for those that run, drop this runtime's lease and release the engine connection;
+        conversations' sandboxes (and their mounted volumes) keep running for the next start to re-attach.
+        Closing twice does nothing."""
         if self._closed:
             return
         self._closed = True
+        if self.pool is not None:
+            self.pool.close()  # first: its job starts no more sandboxes, and those waiting go with their slots
         self.workers.close()  # the jobs, the services it owns (a gateway), then the calls in flight (bounded)
         self.manager.end_lease()
         self.backend.close()

@@ -98,7 +98,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     try:
         from sandbox_runtime.mcp.gateway import Gateway  # noqa: PLC0415  (the MCP SDK loads only for serve)
-        from sandbox_runtime.mcp.server import McpService  # noqa: PLC0415  (the MCP extra)
+        from sandbox_runtime.mcp.server import McpService, default_conversation  # noqa: PLC0415  (the MCP extra)
         from sandbox_runtime.mcp.transports import (  # noqa: PLC0415  (the MCP extra)
             check_exposure,
             listen,
@@ -130,15 +130,21 @@ def cmd_serve(args: argparse.Namespace) -> int:
                     f"error: cannot serve HTTP at {_http_address(host, port)}: {exc.strerror or exc}", file=sys.stderr
                 )
                 return EXIT_USAGE
-        runtime = stack.enter_context(Runtime(args.state_dir, policy, extra_labels=dict(args.label)))
+        # over HTTP, many conversations: the policy's warm pool; over stdio one client, whose conversation is new
+        # only in its first session: one pooled sandbox then, none after (a client may start a server per call)
+        stdio = listener is None
+        runtime = stack.enter_context(
+            Runtime(args.state_dir, policy, extra_labels=dict(args.label), warm_pool=not stdio)
+        )
+        conversation = args.conversation or default_conversation("stdio" if stdio else "http", token)
+        if stdio and runtime.conversations.is_new(conversation):
+            runtime.start_warm_pool(1)
         gateway = stack.enter_context(Gateway(policy.mcp))
         for status in gateway.status():
             state = f"{len(status.tools)} tools" if status.running else f"DOWN ({status.error})"
             print(f"upstream {status.name}: {state}", file=sys.stderr, flush=True)
         gateway.register(runtime)
-        service = McpService(
-            runtime, transport="stdio" if args.http is None else "http", conversation=args.conversation
-        )
+        service = McpService(runtime, transport="stdio" if stdio else "http", conversation=conversation)
         print(f"{len(runtime.tools)} tools: {', '.join(runtime.tools)}", file=sys.stderr, flush=True)
         if listener is None:
             serve_stdio(service)

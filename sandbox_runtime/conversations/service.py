@@ -8,6 +8,10 @@ releases a conversation's quota volume once no container uses it (:mod:`~sandbox
 
 A conversation deleted by another runtime or process starts afresh here on its next use: what this process knew of
 its sandbox is dropped, and its folders and record are made anew.
+
+With a warm pool (:mod:`~sandbox_runtime.sandbox.pool`), a new conversation's first use takes a pooled sandbox:
+its slot's folders become the conversation's (:mod:`~sandbox_runtime.conversations.pool_slots`) and the sandbox is
+recorded as its own, so the first call finds folders, quota volume, sandbox and executor ready.
 """
 
 from __future__ import annotations
@@ -19,12 +23,16 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from sandbox_runtime.conversations.handle import SandboxHandle
+from sandbox_runtime.conversations.pool_slots import PoolSlots, ended_leases
 from sandbox_runtime.conversations.volumes import QuotaVolumes, release_orphan_volume
+from sandbox_runtime.errors import QuotaError
 from sandbox_runtime.policy import Policy
 from sandbox_runtime.sandbox.backend import SandboxBackend
 from sandbox_runtime.sandbox.canary import CANARY_CONVERSATION
 from sandbox_runtime.sandbox.holds import ConversationLocks, HostLocks
 from sandbox_runtime.sandbox.manager import SandboxManager
+from sandbox_runtime.sandbox.pool import WarmPool
+from sandbox_runtime.sandbox.profile import LABEL_POOL_SLOT, PYTHON, run_request
 from sandbox_runtime.sandbox.records import Removal, ResultsFolder, Sandbox
 from sandbox_runtime.state.database import StateDB
 from sandbox_runtime.store.folders import ConversationFolders, ConversationStore
@@ -38,7 +46,8 @@ _CANARY_QUOTA_BYTES = 16 * 1024 * 1024  # the self-check writes a few bytes and 
 
 
 class ConversationService:
-    """The conversations of one state directory, and (through its manager) their sandboxes."""
+    """The conversations of one state directory, and (through its manager) their sandboxes, and a warm pool for new
+    conversations once :meth:`start_pool` made one."""
 
     def __init__(
         self,
@@ -65,6 +74,21 @@ class ConversationService:
             extra_labels=extra_labels,
         )
         self.volumes = QuotaVolumes(manager=self.manager, store=store, state=state)
+        self.slots = PoolSlots(store, self.manager.lease.id)
+        self.pool: WarmPool | None = None
+
+    def start_pool(self, ready_count: int) -> WarmPool:
+        """Make the warm pool of ``ready_count`` sandboxes; its owner runs :meth:`WarmPool.tend` as a job."""
+        # the executor is loaded for every run_python's requests (they differ only in program and time limit)
+        request = run_request(self.policy, self.policy.run.default_timeout_s, (PYTHON, "-c", "pass"))
+        pool_policy = self.policy.pool.model_copy(update={"ready_count": ready_count})
+        self.pool = WarmPool(self.manager, pool_policy, self.slots, request)
+        return self.pool
+
+    def is_new(self, conversation_id: str) -> bool:
+        """Whether the conversation has no folders (nor volume) yet: only such a one can take a pooled sandbox."""
+        folders = self.store.folders(conversation_id)
+        return not folders.root.exists() and not folders.volume.exists()
 
     def lock(self, conversation_id: str) -> threading.RLock:
         """The lock that serialises everything done in one conversation's sandbox, in this process."""
@@ -78,18 +102,43 @@ class ConversationService:
         One at a time per conversation, across the processes of the state directory (under its host-wide lock,
         apart from its lock in this process so that a running script does not hold up the conversation's other
         tools): calls that arrive together must not mount twice, and no other process unmounts what this one
-        just claimed. Other conversations are not held up, even while this one's volume is made."""
+        just claimed. Other conversations are not held up, even while this one's volume is made. A new
+        conversation's first use takes a sandbox from the warm pool, when one waits."""
         manager = self.manager
         with manager.host_lock(conversation_id):
             record = self.state.conversation(conversation_id)
             if record is None:
                 self._drop_deleted(conversation_id)
+                taken = self._take_pooled(conversation_id) if use and self.pool is not None else None
+                if taken is not None:
+                    return taken
             mode = self.store.quota_mode if record is None else record.quota_mode
             folders = self.store.folders(conversation_id, quota_mode=mode)  # type: ignore[arg-type]
             self.state.leases.hold(manager.lease.id, conversation_id, manager.digest, manager.clock(), use=use)
             self.store.prepare(folders)
             self.state.ensure_conversation(conversation_id, folders.quota_mode, folders.quota_bytes)
             return folders
+
+    def _take_pooled(self, conversation_id: str) -> ConversationFolders | None:
+        """A new conversation's folders and sandbox from the warm pool; None when none waits or the conversation
+        has folders from before. Under the conversation's host-wide lock."""
+        assert self.pool is not None  # noqa: S101  (the caller checked)
+        if not self.is_new(conversation_id):
+            return None
+        pooled = self.pool.take()
+        if pooled is None:
+            return None
+        try:
+            folders = self.slots.adopt(pooled.slot, conversation_id)
+        except OSError as exc:
+            logger.warning("could not hand pooled sandbox %s to %s: %s", pooled.container_id[:12], conversation_id, exc)
+            folders = None
+        if folders is None:
+            self.pool.discard(pooled)
+            return None
+        self.state.ensure_conversation(conversation_id, folders.quota_mode, folders.quota_bytes)
+        self.manager.adopt(conversation_id, pooled.container_id, pooled.created_at)
+        return folders
 
     @contextlib.contextmanager
     def borrowed(self, conversation_id: str) -> Iterator[ConversationFolders]:
@@ -139,7 +188,8 @@ class ConversationService:
     @contextlib.contextmanager
     def _canary_folder(self) -> Iterator[ResultsFolder]:
         """The self-check's results folder, apart from every conversation's, removed after the check."""
-        folders = self.store.canary_folders(quota_bytes=_CANARY_QUOTA_BYTES)
+        folders = self.store.canary_folders(_CANARY_QUOTA_BYTES, self.manager.lease.id)
+        folders.root.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         self.store.prepare(folders)
         try:
             yield ResultsFolder(str(folders.results), folders.quota_mode)
@@ -185,6 +235,13 @@ class ConversationService:
         """Remove the containers no runtime owns and release their volumes, reap, then release the volumes
         nothing uses (see :meth:`QuotaVolumes.release_unused`)."""
         removals = self.manager.sweep_orphans()
+        live = {lease.id for lease in self.state.leases.live()}
+        self.slots.sweep(live, {c.labels.get(LABEL_POOL_SLOT, "") for c in self.manager.mounting()})
+        for lease in ended_leases(self.store.state_dir / "canary", live):  # a process killed during its self-check
+            try:
+                self.store.delete(self.store.canary_folders(_CANARY_QUOTA_BYTES, lease))
+            except (QuotaError, OSError) as exc:
+                logger.warning("could not remove the self-check folder of an ended process %s: %s", lease, exc)
         for removal in removals:
             conversation = removal.conversation_id
             if removal.state_dir != self.manager.state_dir_label:

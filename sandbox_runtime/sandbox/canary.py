@@ -59,8 +59,19 @@ class SelfCheckGate:
             return cached
         if not self._backend.image_exists(self._image):
             raise ImageError(f"the executor image {self._image} is not built: run `sandbox-runtime image build`")
-        with self._lock(CANARY_CONVERSATION), self._canary_folder() as folder:
-            report = run_self_check(
+        with self._lock(CANARY_CONVERSATION):
+            with self._guard:
+                cached = self._report
+            if cached is not None and not force:
+                return cached  # made by another thread while this one waited
+            report = self._run()
+        with self._guard:
+            self._report = report
+        return report
+
+    def _run(self) -> SelfCheckReport:
+        with self._canary_folder() as folder:
+            return run_self_check(
                 self._backend,
                 self._policy,
                 lambda labels: self._spec_for(folder, labels),
@@ -71,9 +82,6 @@ class SelfCheckGate:
                     LABEL_CREATED_AT: str(int(self._clock())),
                 },
             )
-        with self._guard:
-            self._report = report
-        return report
 
     def require(self) -> None:
         """Raise :class:`SelfCheckFailed` (saying what is missing) unless the check passed."""

@@ -261,6 +261,9 @@ class DockerBackend(SandboxBackend, ImageBuilder):
     def run(self, container_id: str, request: RunRequest, control: CallControl | None = None) -> RunResult:
         return self._executors.run(container_id, request, control)
 
+    def prepare_run(self, container_id: str, request: RunRequest) -> None:
+        self._executors.preload(container_id, request)
+
     def drop_idle_executors(self, idle_s: float) -> int:
         return self._executors.drop_idle(idle_s)
 

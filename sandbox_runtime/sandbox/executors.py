@@ -89,6 +89,12 @@ class ResidentExecutors:
             return self._lost(container_id, request, channel, exchange, watch, started)
         raise AssertionError("unreachable: the second attempt returns")
 
+    def preload(self, container_id: str, request: RunRequest) -> None:
+        """Open the container's executor for requests like this one (and wait until it is ready), when it has
+        none yet; the next such run goes to it at once."""
+        channel = self._take(container_id, request, self._engine.watch(container_id))
+        self._give_back(container_id, channel)
+
     def _take(self, container_id: str, request: RunRequest, watch: Watch) -> Channel:
         """The container's executor for requests like this one, opened (and waited for) when there is none."""
         key = (request.user, tuple(sorted(request.environment.items())), request.nproc_max)

@@ -12,11 +12,15 @@ cancel and progress.
 Paths: the results folder is the spec's one bind mount. Its in-sandbox path (``/mnt/results``) is rewritten to
 the host folder in a command's arguments, its working directory and its environment (``SANDBOX_RESULTS``); code
 that spells the in-sandbox path itself will not find it, so write code that uses relative paths or
-``os.environ["SANDBOX_RESULTS"]``. The image's interpreter is this process's own (``sys.executable``).
+``os.environ["SANDBOX_RESULTS"]``. The image's interpreter is this process's own (``sys.executable``). Like a
+real bind mount, the mount holds the folder, not its path: a folder renamed after the container started (a warm
+pool's slot handed to a conversation) is found at its new place.
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
 import platform
 import secrets
 import subprocess
@@ -50,8 +54,24 @@ _RUNNER_ARGS = 5  # timeout, grace, stdout cap, stderr cap, nproc
 class _Container:
     spec: ContainerSpec
     id: str
+    results_fd: int | None  # the bind-mounted folder, held open as a mount holds it (None: let go, at its path)
+    results_at: str
     running: bool = True
     runs: set[subprocess.Popen[bytes]] = field(default_factory=set)
+
+    def results_path(self) -> str:
+        """Where the bind-mounted folder is now (it may have been renamed since the start)."""
+        if self.results_fd is not None:
+            self.results_at = os.readlink(f"/proc/self/fd/{self.results_fd}")
+        return self.results_at
+
+    def let_go(self) -> None:
+        """Close the folder's descriptor (its file system can be unmounted); it is found at its path from now."""
+        self.results_path()
+        if self.results_fd is not None:
+            with contextlib.suppress(OSError):
+                os.close(self.results_fd)
+            self.results_fd = None
 
     def info(self) -> ContainerInfo:
         return ContainerInfo(
@@ -100,7 +120,13 @@ class FakeBackend(SandboxBackend):
     def create_and_start(self, spec: ContainerSpec) -> ContainerInfo:
         if len(spec.mounts) != 1:
             raise SandboxError(f"the fake backend needs exactly one bind mount (the results folder), not {spec.mounts}")
-        container = _Container(spec=spec, id=secrets.token_hex(32))
+        try:
+            folder = os.open(spec.mounts[0].host_path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        except OSError as exc:
+            raise SandboxError(f"cannot bind {spec.mounts[0].host_path}: {exc}") from exc
+        container = _Container(
+            spec=spec, id=secrets.token_hex(32), results_fd=folder, results_at=spec.mounts[0].host_path
+        )
         with self._guard:
             self._containers[container.id] = container
         return container.info()
@@ -121,6 +147,7 @@ class FakeBackend(SandboxBackend):
         if container is not None:
             container.running = False
             self._end_runs(container)
+            container.let_go()
 
     def restart(self, container_id: str) -> None:
         container = self._container(container_id)
@@ -153,12 +180,12 @@ class FakeBackend(SandboxBackend):
                 exit_code=0, stdout=b"", stderr=b"", stdout_bytes_total=0, stderr_bytes_total=0, duration_s=0.0
             )
         command, runner = _split_runner(tuple(request.command))
-        mount = container.spec.mounts[0]
+        inside = container.spec.mounts[0].container_path.rstrip("/")
+        folder = container.results_path()
 
         def host_path(value: str) -> str:
-            inside = mount.container_path.rstrip("/")
             if value == inside or value.startswith(inside + "/"):
-                return mount.host_path + value[len(inside) :]
+                return folder + value[len(inside) :]
             return value
 
         argv = [sys.executable if part == PYTHON else host_path(part) for part in command]
@@ -191,7 +218,12 @@ class FakeBackend(SandboxBackend):
         return HostFacts(runtime="fake")
 
     def close(self) -> None:
-        """Nothing to release: the containers stay (another runtime of this process may re-attach them)."""
+        """The containers stay (another runtime of this process may re-attach them), found at their folders' paths
+        from now on: nothing here keeps a folder's file system busy."""
+        with self._guard:
+            containers = list(self._containers.values())
+        for container in containers:
+            container.let_go()
 
 
 def _split_runner(command: tuple[str, ...]) -> tuple[tuple[str, ...], RunnerLimits | None]:

@@ -36,6 +36,7 @@ from sandbox_runtime.sandbox.profile import (
     LABEL_CONVERSATION,
     LABEL_CREATED_AT,
     LABEL_POLICY,
+    LABEL_POOL_SLOT,
     LABEL_RUNTIME,
     LABEL_STATE_DIR,
     container_spec,
@@ -131,30 +132,71 @@ class SandboxManager:
             created = float(existing.labels.get(LABEL_CREATED_AT, now))
             self.records.record_sandbox(existing.id, conversation_id, created)
             self.records.touch_sandbox(existing.id, now)
+            pooled = LABEL_POOL_SLOT in existing.labels
             return self._remember(
-                Sandbox(conversation_id=conversation_id, container_id=existing.id, created_at=created)
+                Sandbox(conversation_id=conversation_id, container_id=existing.id, created_at=created, pooled=pooled)
             )
+        info = self.start(folder, self._labels(conversation_id), hold_for=conversation_id)
+        created = float(info.labels[LABEL_CREATED_AT])
+        self.records.record_sandbox(info.id, conversation_id, created)
+        logger.info("started sandbox %s for conversation %s", info.id[:12], conversation_id)
+        return self._remember(Sandbox(conversation_id=conversation_id, container_id=info.id, created_at=created))
+
+    def start(self, folder: ResultsFolder, labels: dict[str, str], *, hold_for: str | None = None) -> ContainerInfo:
+        """Start a hardened container on ``folder`` (once the self-check passed) with these labels and this
+        process's own: its creation time, policy and lease (held from its first moment, before a hold names it);
+        ``hold_for``: the conversation whose hold names it at once. One the engine could not give the whole profile,
+        or that stopped at once, is removed and raises."""
         self._checks.require()
-        labels = {
-            **self._labels(conversation_id),
-            LABEL_CREATED_AT: str(int(now)),
-            LABEL_POLICY: self.digest,
-            LABEL_LEASE: self.lease.id,  # held from its first moment, before the hold names it
-        }
+        now = self.clock()
+        labels = {**labels, LABEL_CREATED_AT: str(int(now)), LABEL_POLICY: self.digest, LABEL_LEASE: self.lease.id}
         info = self.backend.create_and_start(self._spec(folder, labels))
-        self.records.leases.hold(self.lease.id, conversation_id, self.digest, now, container_id=info.id)
+        if hold_for is not None:
+            self.records.leases.hold(self.lease.id, hold_for, self.digest, now, container_id=info.id)
         if info.warnings:
             self._remove(info, "the engine could not apply the profile")
             raise SelfCheckFailed(f"the engine could not apply the profile: {'; '.join(info.warnings)}")
         if not info.running:
             self._remove(info, f"stopped right after it started ({info.status})")
             raise SandboxError(
-                f"the sandbox for {conversation_id!r} stopped right after it started "
+                f"a sandbox ({hold_for or 'pooled'}) stopped right after it started "
                 f"({info.status}, exit code {info.exit_code})"
             )
-        self.records.record_sandbox(info.id, conversation_id, now)
-        logger.info("started sandbox %s for conversation %s", info.id[:12], conversation_id)
-        return self._remember(Sandbox(conversation_id=conversation_id, container_id=info.id, created_at=now))
+        return info
+
+    def adopt(self, conversation_id: str, container_id: str, created_at: float) -> Sandbox:
+        """Make a pooled sandbox this process started the conversation's: its record and this process's hold name
+        it. The caller holds the conversation's locks and has recorded the conversation."""
+        self.records.record_sandbox(container_id, conversation_id, created_at)
+        self.records.leases.hold(self.lease.id, conversation_id, self.digest, self.clock(), container_id=container_id)
+        logger.info("conversation %s took pooled sandbox %s", conversation_id, container_id[:12])
+        return self._remember(
+            Sandbox(conversation_id=conversation_id, container_id=container_id, created_at=created_at, pooled=True)
+        )
+
+    def conversation_of(self, info: ContainerInfo) -> str | None:
+        """The conversation a container of this state directory serves: its label, or for a pooled sandbox the
+        one its record names (None: no conversation took it yet)."""
+        named = info.labels.get(LABEL_CONVERSATION)
+        if named is not None or LABEL_POOL_SLOT not in info.labels:
+            return named
+        record = self.records.sandbox(info.id)
+        return None if record is None else record.conversation_id
+
+    def _containers_of(self, conversation_id: str, labels: dict[str, str]) -> list[ContainerInfo]:
+        """The conversation's containers that carry ``labels``: those labelled with it, and a pooled one it took
+        (found by its record; a record whose container is gone is marked removed)."""
+        found = self.backend.list_containers({**labels, LABEL_CONVERSATION: conversation_id})
+        listed = {info.id for info in found}
+        for record in self.records.live_sandboxes_of(conversation_id):
+            if record.container_id in listed:
+                continue
+            info = self.backend.inspect(record.container_id)
+            if info is None:
+                self.records.mark_removed(record.container_id, "no longer exists")
+            elif LABEL_POOL_SLOT in info.labels and all(info.labels.get(k) == v for k, v in labels.items()):
+                found.append(info)
+        return found
 
     def _adoptable(self, conversation_id: str, now: float) -> ContainerInfo | None:
         """The newest usable container of this conversation, claimed by this process; every other one is removed,
@@ -165,7 +207,7 @@ class SandboxManager:
         # claim and removal checks are one step: no process removes what is claimed here
         with self.host_lock(conversation_id):
             found = sorted(
-                self.backend.list_containers(self._labels(conversation_id)),
+                self._containers_of(conversation_id, self.base_labels),
                 key=lambda c: float(c.labels.get(LABEL_CREATED_AT, 0)),
                 reverse=True,
             )
@@ -222,14 +264,17 @@ class SandboxManager:
 
     def _finish_removal(self, info: ContainerInfo, reason: str) -> Removal:
         """Remove a container already marked removed in the state database (so nobody re-attaches it)."""
-        conversation = info.labels.get(LABEL_CONVERSATION)
+        state_dir = info.labels.get(LABEL_STATE_DIR)
+        conversation = self.conversation_of(info) if state_dir == self.state_dir_label else None
         known = self._known.get(conversation or "")
         if known is not None and known.container_id == info.id:
             self.forget(known.conversation_id)
         self.backend.remove(info.id)
         logger.info("removed sandbox %s: %s", info.id[:12], reason)
-        state_dir = info.labels.get(LABEL_STATE_DIR)
-        return Removal(container_id=info.id, conversation_id=conversation, reason=reason, state_dir=state_dir)
+        slot = info.labels.get(LABEL_POOL_SLOT) if conversation is None else None
+        return Removal(
+            container_id=info.id, conversation_id=conversation, reason=reason, state_dir=state_dir, pool_slot=slot
+        )
 
     def touch(self, sandbox: Sandbox) -> None:
         now = self.clock()
@@ -251,12 +296,16 @@ class SandboxManager:
         logger.warning("abandoned sandbox %s: %s", sandbox.container_id[:12], reason)
 
     def restart(self, sandbox: Sandbox) -> None:
-        """End every process of the sandbox at once (its results folder stays)."""
-        self.backend.restart(sandbox.container_id)
+        """End every process of the sandbox at once (its results folder stays). A pooled one is removed instead
+        (the next use starts a fresh one): the engine would bind its slot's old path again."""
+        if sandbox.pooled:
+            self.discard(sandbox, "every process had to end (a pooled sandbox is replaced, not restarted)")
+        else:
+            self.backend.restart(sandbox.container_id)
 
     def close(self, conversation_id: str) -> list[Removal]:
         """Remove every container of the conversation; the caller holds its lock (and releases its folders)."""
-        removed = [self._remove(info, "closed") for info in self.backend.list_containers(self._labels(conversation_id))]
+        removed = [self._remove(info, "closed") for info in self._containers_of(conversation_id, self.base_labels)]
         self.forget(conversation_id)  # also a sandbox removed from outside, which no listing showed
         return removed
 
@@ -264,26 +313,31 @@ class SandboxManager:
         """This state directory's containers (of one conversation, whatever their other labels) that may have
         their results folder mounted."""
         labels = {LABEL_RUNTIME: "1", LABEL_STATE_DIR: self.state_dir_label}
-        if conversation_id is not None:
-            labels[LABEL_CONVERSATION] = conversation_id
-        return [c for c in self.backend.list_containers(labels) if c.status in _USING_STATES]
+        found = (
+            self.backend.list_containers(labels)
+            if conversation_id is None
+            else self._containers_of(conversation_id, labels)
+        )
+        return [c for c in found if c.status in _USING_STATES]
 
     # reaping ------------------------------------------------------------------------------------------
     def reap(self) -> list[Removal]:
         """Remove this state directory's sandboxes that are idle, too old, or stopped, except those another live
-        process holds and those in use here right now (their lock is taken)."""
+        process holds, those in use here right now (their lock is taken) and pooled ones no conversation took (their
+        pool tends them)."""
         now = self.clock()
         removals: list[Removal] = []
         for info in self.backend.list_containers(self.base_labels):
-            conversation = info.labels.get(LABEL_CONVERSATION, "")
-            if conversation == CANARY_CONVERSATION:
-                continue  # a self-check in progress; sweep_orphans removes canaries left by killed processes
+            named = self.conversation_of(info)
+            if named == CANARY_CONVERSATION or (named is None and LABEL_POOL_SLOT in info.labels):
+                continue  # a self-check in progress (sweep_orphans removes those killed processes left), or pooled
+            conversation = named or ""
             lock = self.lock(conversation)
             if not lock.acquire(blocking=False):
                 continue  # in use right now: not idle
             try:
                 with self.host_lock(conversation):
-                    reason = self._reap_reason(info, now)
+                    reason = self._reap_reason(info, conversation, now)
                     if reason is not None:
                         self.records.mark_removed(info.id, reason)
                 if reason is not None:
@@ -296,9 +350,8 @@ class SandboxManager:
         """Uses before this time are older than ``idle_timeout_s``."""
         return now - self.policy.sandbox.idle_timeout_s
 
-    def _reap_reason(self, info: ContainerInfo, now: float) -> str | None:
-        """Why the container goes (None: it stays); under the state directory's lock."""
-        conversation = info.labels.get(LABEL_CONVERSATION, "")
+    def _reap_reason(self, info: ContainerInfo, conversation: str, now: float) -> str | None:
+        """Why the container goes (None: it stays); under the conversation's host-wide lock."""
         holds = self.records.leases.live_holds(conversation) if conversation else []
         idle_timeout = self.policy.sandbox.idle_timeout_s
         if held_elsewhere(info, holds, self.lease.id) is not None:
@@ -320,17 +373,24 @@ class SandboxManager:
 
     def sweep_orphans(self) -> list[Removal]:
         """Remove containers with our labels that no runtime owns: their state directory or conversation is gone,
-        or they carry no conversation at all (a canary left by a killed process). A container of a conversation
-        the records do not know is removed under its conversation's lock (skipped while the lock is taken or a
-        live process holds it)."""
+        they carry no conversation at all (a canary left by a killed process), or they are pooled sandboxes no
+        conversation took whose process ended. A container of a conversation the records do not know is removed
+        under its conversation's lock (skipped while the lock is taken or a live process holds it)."""
         removals: list[Removal] = []
+        live_leases: set[str] | None = None
         for info in self.backend.list_containers({LABEL_RUNTIME: "1"}):
             state_dir = info.labels.get(LABEL_STATE_DIR)
-            conversation = info.labels.get(LABEL_CONVERSATION)
             if state_dir != self.state_dir_label:
                 if state_dir and not Path(state_dir, "state.sqlite3").exists():
                     removals.append(self._remove(info, "orphan: its state directory is gone"))
                 continue
+            conversation = self.conversation_of(info)
+            if conversation is None and LABEL_POOL_SLOT in info.labels:
+                if live_leases is None:
+                    live_leases = {lease.id for lease in self.records.leases.live()}
+                if info.labels.get(LABEL_LEASE) not in live_leases:
+                    removals.append(self._remove(info, "orphan: a pooled sandbox whose process ended"))
+                continue  # else its live process's pool tends it
             age_s = self.clock() - float(info.labels.get(LABEL_CREATED_AT, 0))
             if not conversation or (conversation == CANARY_CONVERSATION and age_s > CANARY_MAX_AGE_S):
                 removals.append(self._remove(info, "orphan: a canary or unnamed container"))

@@ -33,6 +33,7 @@ __all__ = [
     "LABEL_CONVERSATION",
     "LABEL_CREATED_AT",
     "LABEL_POLICY",
+    "LABEL_POOL_SLOT",
     "LABEL_RUNTIME",
     "LABEL_STATE_DIR",
     "PYTHON",
@@ -55,6 +56,8 @@ LABEL_CONVERSATION = "io.sandbox-runtime.conversation"
 LABEL_CREATED_AT = "io.sandbox-runtime.created-at"
 LABEL_POLICY = "io.sandbox-runtime.policy-hash"
 LABEL_STATE_DIR = "io.sandbox-runtime.state-dir"
+# a pooled sandbox's slot (instead of a conversation): the state database names the conversation that took it
+LABEL_POOL_SLOT = "io.sandbox-runtime.pool-slot"
 
 KEEPER_COMMAND = ("sleep", "infinity")
 PYTHON = "/opt/venv/bin/python"

@@ -15,18 +15,20 @@ __all__ = ["Removal", "ResultsFolder", "Sandbox", "SandboxRecords"]
 
 
 class Sandbox(BaseModel):
-    """A conversation's running container."""
+    """A conversation's running container (``pooled``: it was started in a warm pool on a slot's folder)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     conversation_id: str
     container_id: str
     created_at: float
+    pooled: bool = False
 
 
 class Removal(BaseModel):
     """A container that ``reap``, ``close`` or ``sweep_orphans`` removed, and why; ``state_dir`` is the state
-    directory it belonged to (another one's, for an orphan whose state directory is gone)."""
+    directory it belonged to (another one's, for an orphan whose state directory is gone); ``pool_slot``: it was
+    a pooled sandbox no conversation had taken (its slot's folder goes too)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -34,6 +36,7 @@ class Removal(BaseModel):
     conversation_id: str | None
     reason: str
     state_dir: str | None = None
+    pool_slot: str | None = None
 
 
 class ResultsFolder(NamedTuple):
@@ -56,6 +59,8 @@ class SandboxRecords(Protocol):
     def touch_sandbox(self, container_id: str, when: float) -> None: ...
 
     def sandbox(self, container_id: str) -> SandboxRecord | None: ...
+
+    def live_sandboxes_of(self, conversation_id: str) -> list[SandboxRecord]: ...
 
     def mark_removed(self, container_id: str, reason: str) -> None: ...
 

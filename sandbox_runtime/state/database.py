@@ -229,6 +229,18 @@ class StateDB:
         )
         return [SandboxRecord(**dict(row)) for row in rows]
 
+    def live_sandboxes_of(self, conversation_id: str) -> list[SandboxRecord]:
+        """The conversation's sandboxes not recorded as removed, oldest first."""
+        rows = (
+            self._connect()
+            .execute(
+                "SELECT * FROM sandboxes WHERE conversation_id = ? AND removed_at IS NULL ORDER BY created_at",
+                (conversation_id,),
+            )
+            .fetchall()
+        )
+        return [SandboxRecord(**dict(row)) for row in rows]
+
     def mark_removed(self, container_id: str, reason: str) -> None:
         """Record the container as removed (before it is: nobody re-attaches it meanwhile) and clear it from every
         hold, in one transaction."""

@@ -5,6 +5,8 @@
     STATE_DIR/
       state.sqlite3
       volumes/<conversation>.ext4          the results filesystem (quota mode "loop")
+      canary/<lease>/                      one process's self-check folder, while it checks
+      pool/<lease>/                        one process's warm pool slots (sandbox_runtime.conversations.pool_slots)
       conversations/<conversation>/
         results/    mounted read-write into the sandbox; spill/ errors/ args/ exports/ scripts/
         outputs/    attachments; never mounted, outside retention, within their own quota (bytes of distinct
@@ -111,9 +113,10 @@ class ConversationStore:
             quota_bytes=self.policy.store.quota_bytes,
         )
 
-    def canary_folders(self, quota_bytes: int) -> ConversationFolders:
-        """Folders for the self-check's canary, apart from every conversation's (no id can name them)."""
-        root = self.state_dir / "canary"
+    def canary_folders(self, quota_bytes: int, lease_id: str) -> ConversationFolders:
+        """Folders for one process's self-check canary (``canary/<lease>/``), apart from every conversation's (no
+        id can name them) and from every other process's."""
+        root = self.state_dir / "canary" / lease_id
         return ConversationFolders(
             conversation_id="canary",
             root=root,
