@@ -49,6 +49,14 @@ def _pooled_containers(runtime: Runtime) -> list[ContainerInfo]:
     return [c for c in runtime.backend.list_containers(runtime.manager.base_labels) if LABEL_POOL_SLOT in c.labels]
 
 
+def _hands_out_then_ends(pool: WarmPool, container_id: str) -> None:
+    taken = pool.take()
+    assert taken is not None
+    assert taken.container_id == container_id
+    pool.discard(taken)
+    pool.close()
+
+
 def test_only_serve_keeps_a_pool_by_default_and_keep_in_decides_for_the_rest(runtime_factory: RuntimeFactory) -> None:
     assert runtime_factory().pool is None  # the Python API by default
     assert runtime_factory(warm_pool=True).pool is not None  # as serve asks for it
@@ -114,11 +122,7 @@ def test_a_pooled_sandbox_that_waited_past_max_wait_s_is_never_handed_out_and_is
     (new,) = _pooled_containers(runtime)
     assert new.id != old.id
     assert runtime.backend.inspect(old.id) is None
-    taken = pool.take()
-    assert taken is not None
-    assert taken.container_id == new.id
-    pool.discard(taken)
-    pool.close()
+    _hands_out_then_ends(pool, new.id)
 
 
 def test_after_a_failed_start_the_pool_waits_retry_after_s_before_it_tries_again(
@@ -165,11 +169,7 @@ def test_a_pooled_sandbox_that_stopped_is_replaced(runtime_factory: RuntimeFacto
     pool.tend()
     (fresh,) = _pooled_containers(runtime)
     assert fresh.id != stopped.id
-    taken = pool.take()
-    assert taken is not None
-    assert taken.container_id == fresh.id
-    pool.discard(taken)
-    pool.close()
+    _hands_out_then_ends(pool, fresh.id)
 
 
 def test_pooled_sandboxes_of_a_process_that_ended_are_swept_and_a_live_processes_pool_is_left_alone(
