@@ -15,16 +15,29 @@ engine_answers && exit 0
 as_root mkdir -p /etc/sandbox-runtime
 printf '%s\n' '{"runtimes": {"runsc": {"path": "/usr/bin/runsc", "runtimeArgs": ["--network=none", "--oci-seccomp"]}}}' \
   | as_root tee /etc/sandbox-runtime/dockerd.json >/dev/null
-if ! pgrep -x dockerd >/dev/null && [ -f /var/run/docker.pid ]; then
-  log "removing a stale /var/run/docker.pid"
-  as_root rm -f /var/run/docker.pid
-fi
-if ! pgrep -x dockerd >/dev/null; then
+start_dockerd() {
+  if [ -f /var/run/docker.pid ]; then
+    log "removing a stale /var/run/docker.pid"
+    as_root rm -f /var/run/docker.pid
+  fi
   log "starting dockerd (no default bridge, no iptables)"
   as_root mkdir -p /var/log
   as_root setsid nohup dockerd --config-file /etc/sandbox-runtime/dockerd.json --bridge=none --iptables=false \
     >>/var/log/sandbox-runtime-dockerd.log 2>&1 </dev/null &
-fi
-for _ in $(seq 1 60); do engine_answers && exit 0; sleep 1; done
+}
+# a dockerd that does not answer may be one on its way out (just stopped): once it is gone, ours starts
+started=0
+for _ in $(seq 1 60); do
+  engine_answers && exit 0
+  if ! pgrep -x dockerd >/dev/null; then
+    if [ "$started" -eq 1 ]; then
+      log "dockerd exited right after it started; see /var/log/sandbox-runtime-dockerd.log"
+      exit 1
+    fi
+    start_dockerd
+    started=1
+  fi
+  sleep 1
+done
 log "the Docker engine did not answer within 60 s; see /var/log/sandbox-runtime-dockerd.log"
 exit 1
