@@ -90,13 +90,11 @@ class PoolSlots:
         with contextlib.suppress(OSError):
             folders.root.parent.rmdir()
 
-    def adopt(self, slot: str, conversation_id: str) -> ConversationFolders | None:
-        """Make the slot's folders the conversation's (by renaming them), or None when the conversation has
-        folders or a volume of its own already. The caller holds the conversation's host-wide lock."""
+    def adopt(self, slot: str, conversation_id: str) -> ConversationFolders:
+        """Make the slot's folders the conversation's (by renaming them). The caller holds the conversation's
+        host-wide lock and has seen that it has no folders nor volume of its own."""
         slot_folders = self.folders(slot)
         target = self.store.folders(conversation_id, quota_mode=slot_folders.quota_mode)
-        if target.root.exists() or target.volume.exists():
-            return None
         if target.quota_mode == "loop":
             target.volume.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
             os.rename(slot_folders.volume, target.volume)

@@ -132,8 +132,6 @@ class ConversationService:
             folders = self.slots.adopt(pooled.slot, conversation_id)
         except OSError as exc:
             logger.warning("could not hand pooled sandbox %s to %s: %s", pooled.container_id[:12], conversation_id, exc)
-            folders = None
-        if folders is None:
             self.pool.discard(pooled)
             return None
         self.state.ensure_conversation(conversation_id, folders.quota_mode, folders.quota_bytes)

@@ -72,7 +72,6 @@ class WarmPool:
         *,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        self.size = policy.ready_count
         self._policy = policy
         self._manager = manager
         self._slots = slots
@@ -83,6 +82,11 @@ class WarmPool:
         self._failed_at: float | None = None
         self._closed = False
         self.wake: Callable[[], None] = lambda: None  # set by whoever runs tend() as a job
+
+    @property
+    def size(self) -> int:
+        """How many sandboxes the pool keeps ready."""
+        return self._policy.ready_count
 
     @property
     def interval_s(self) -> float:
