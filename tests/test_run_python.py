@@ -26,6 +26,27 @@ def test_inline_code_runs_and_is_saved_as_a_script_the_model_can_run_again(runti
     assert again.stdout == first.stdout
 
 
+def test_a_script_that_takes_the_next_runs_file_names_changes_nothing_but_the_names(runtime: Runtime) -> None:
+    conversation = runtime.conversation("taken-names")
+    first = conversation.run_python(
+        "import os\nos.makedirs('/mnt/results/errors', exist_ok=True)\n"
+        "for n in (2, 3):\n"
+        "    open(f'/mnt/results/scripts/run-{n:04d}.py', 'w').write('planted')\n"
+        "    open(f'/mnt/results/errors/run-{n:04d}.txt', 'w').write('planted')\n"
+    )
+    assert first.status == "ok", first.message
+    second = conversation.run_python("print('mine')")
+    failed = conversation.run_python("raise ValueError('the real error')")
+    assert second.stdout == "mine\n"
+    assert second.script_path.startswith("/mnt/results/scripts/run-0002-")
+    assert failed.error_path is not None
+    assert failed.error_path.startswith("/mnt/results/errors/run-0003-")
+    assert "the real error" in failed.message
+    root = conversation.folders.results
+    assert (root / "errors" / Path(failed.error_path).name).read_text().count("the real error") >= 1
+    assert (root / "scripts" / "run-0002.py").read_text() == "planted"  # never replaced
+
+
 def test_a_long_script_is_written_once_and_run_by_path_with_arguments(runtime: Runtime) -> None:
     conversation = runtime.conversation("script-by-path")
     root = runtime.store.results_root(conversation.folders)

@@ -49,7 +49,14 @@ from sandbox_runtime.store.quota import QuotaUsage
 from sandbox_runtime.store.safe_paths import ResultsRoot
 from sandbox_runtime.tools.base import model_arguments
 from sandbox_runtime.tools.run_outcome import RunStatus, run_outcome
-from sandbox_runtime.tools.run_result import RunPythonResult, decode, finish, not_saved, not_started
+from sandbox_runtime.tools.run_result import (
+    RunPythonResult,
+    create_numbered,
+    decode,
+    finish,
+    not_saved,
+    not_started,
+)
 
 __all__ = ["InvalidToolArguments", "RunPythonArgs", "RunPythonResult", "RunStatus", "run_python"]
 
@@ -110,7 +117,7 @@ def _script(root: ResultsRoot, args: RunPythonArgs, run_number: int, max_bytes: 
         return root.sandbox_path(root.parse(args.script_path))
     # not made durable: the call's arguments are in the execution record, and the script is read at once
     code = (args.code or "").encode("utf-8", "surrogatepass")
-    return root.create_file(f"scripts/run-{run_number:04d}.py", code, durable=False)
+    return create_numbered(root, f"scripts/run-{run_number:04d}", ".py", code, durable=False)
 
 
 def run_python(

@@ -2,17 +2,20 @@
 
 A failure's full stderr is saved as ``errors/run-NNNN.txt`` and summarised in ``message`` (the exception line
 and the innermost frame of the model's own script are always kept); an output cap saves what was captured of
-the stream as ``errors/run-NNNN.<stream>.txt``. A file the quota or the sandbox refuses is left out, with a
-warning, never an exception.
+the stream as ``errors/run-NNNN.<stream>.txt``. A name already taken (the sandbox made a file there, or a run
+number came round again after a power cut) gets a random suffix: ``errors/run-NNNN-1a2b3c4d.txt``. A file the
+quota refuses is left out, with a warning, never an exception.
 """
 
 from __future__ import annotations
 
 import logging
+import secrets
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
+from sandbox_runtime.errors import PathExists
 from sandbox_runtime.policy import Policy
 from sandbox_runtime.sandbox.backend import ExecResult
 from sandbox_runtime.sandbox.profile import RunnerVerdict
@@ -21,7 +24,7 @@ from sandbox_runtime.store.safe_paths import ResultsRoot
 from sandbox_runtime.tools.error_summary import summarize_failure
 from sandbox_runtime.tools.run_outcome import RunStatus, describe_end
 
-__all__ = ["RunPythonResult", "decode", "finish", "not_saved", "not_started"]
+__all__ = ["RunPythonResult", "create_numbered", "decode", "finish", "not_saved", "not_started"]
 
 logger = logging.getLogger(__name__)
 
@@ -53,12 +56,23 @@ def decode(data: bytes) -> str:
     return data.decode("utf-8", errors="replace")
 
 
-def save(root: ResultsRoot, relative: str, text: str) -> str | None:
-    """Write a file for the model; None (and a warning) when the disk or quota refuses it."""
+def create_numbered(root: ResultsRoot, stem: str, suffix: str, data: bytes, *, durable: bool = True) -> str:
+    """Create ``stem + suffix`` (files are never replaced), or ``stem-<8 hex digits> + suffix`` when something
+    already holds that name: the sandbox can write there, and a run number lost in a power cut is handed out
+    again. Returns the sandbox path."""
     try:
-        return root.create_file(relative, text.encode("utf-8", "surrogatepass"))
-    except OSError as exc:  # the quota is full, or the sandbox planted something at that name
-        logger.warning("could not save %s: %s", relative, exc)
+        return root.create_file(stem + suffix, data, durable=durable)
+    except PathExists:
+        logger.info("%s%s is taken; saving under a fresh name", stem, suffix)
+        return root.create_file(f"{stem}-{secrets.token_hex(4)}{suffix}", data, durable=durable)
+
+
+def save(root: ResultsRoot, stem: str, suffix: str, text: str) -> str | None:
+    """Write a file for the model; None (and a warning) when the disk, the quota or the sandbox refuses it."""
+    try:
+        return create_numbered(root, stem, suffix, text.encode("utf-8", "surrogatepass"))
+    except OSError as exc:  # the quota is full, or the sandbox planted a folder at the name
+        logger.warning("could not save %s%s: %s", stem, suffix, exc)
         return None
 
 
@@ -131,14 +145,14 @@ def finish(
     if status == "ok":
         return RunPythonResult(message=f"Exit code 0 in {result.duration_s:.2f} s.", **base)
     if status == "cancelled":
-        error_path = save(root, f"errors/run-{run_number:04d}.txt", stderr) if stderr else None
+        error_path = save(root, f"errors/run-{run_number:04d}", ".txt", stderr) if stderr else None
         saved = f" Its stderr so far: {error_path} — read it with read_file." if error_path else ""
         message = (
             f"Cancelled by the caller after {result.duration_s:.1f} s: every process of the run was ended. "
             f"Files it wrote before that stay in {policy.sandbox.results_mount_path}.{saved}"
         )
         return RunPythonResult(message=message, error_path=error_path, **base)
-    error_path = save(root, f"errors/run-{run_number:04d}.txt", stderr)
+    error_path = save(root, f"errors/run-{run_number:04d}", ".txt", stderr)
     output_path = None
     extra: dict[str, Any] = {}
     summary = summarize_failure(
@@ -157,7 +171,8 @@ def finish(
         cap = policy.run.stdout_max_bytes if stream == "stdout" else policy.run.stderr_max_bytes
         output_path = save(
             root,
-            f"errors/run-{run_number:04d}.{stream}.txt",
+            f"errors/run-{run_number:04d}",
+            f".{stream}.txt",
             decode((result.stdout if stream == "stdout" else result.stderr)[:cap]),
         )
     if breach is not None:
