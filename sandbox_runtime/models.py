@@ -154,6 +154,7 @@ class CallRecord(BaseModel):
     arguments_cut: bool
     descriptor: ResultDescriptor | None
     error_path: str | None
+    made_by: str | None = None  # the run_python call whose script made this call, when a script made it
 
 
 class AttachmentCard(BaseModel):

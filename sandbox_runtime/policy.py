@@ -230,6 +230,32 @@ class ToolsPolicy(_Model):
     )
 
 
+class ScriptToolsPolicy(_Model):
+    """Tools a ``run_python`` script may call through ``sandbox_tools``, and how much per run. Every such call goes
+    through the pipeline as a model's call does (validation, approval, the record, spill)."""
+
+    allowed: list[str] = Field(
+        default_factory=lambda: ["sql_query", "read_file", "export_table", "render_table"],
+        description="Names (shell patterns: 'tracker__*') of the tools scripts may call. The default lets scripts "
+        "read and reshape data inside the conversation only; host and upstream tools must be named. run_python "
+        "can never be called from a run.",
+    )
+    calls_max_count: int = Field(100, ge=0, le=100_000, description="Most tool calls one run may make (0: none).")
+    call_args_max_bytes: PositiveInt = Field(
+        1 * MiB, description="Largest arguments of one call from a script, as JSON in UTF-8 (like argument files)."
+    )
+    calls_max_s: PositiveFloat = Field(
+        300.0,
+        description="Seconds one run may spend in tool calls, all together (an approval's wait included); a call "
+        "is refused once they are spent. The run's own time limit stands still while a call is answered.",
+    )
+    reply_max_chars: PositiveInt = Field(
+        100_000,
+        description="Longest result text a script gets back inline; a longer one (a self-bounded tool's) is cut "
+        "with a marker. Spilled results come as their path.",
+    )
+
+
 Rule = Literal["allow", "deny", "ask"]
 
 
@@ -337,6 +363,7 @@ class Policy(_Model):
     store: StorePolicy = StorePolicy()
     spill: SpillPolicy = SpillPolicy()
     tools: ToolsPolicy = ToolsPolicy()
+    script_tools: ScriptToolsPolicy = ScriptToolsPolicy()
     approval: ApprovalPolicy = ApprovalPolicy()
     sql: SqlPolicy = SqlPolicy()
     mcp: McpPolicy = McpPolicy()

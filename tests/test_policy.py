@@ -36,6 +36,7 @@ UNIT_SUFFIXES = (
     "env",
     "url",
     "keep_in",  # which runtimes keep a warm pool: a choice, not a limit
+    "allowed",  # the tools scripts may call: names, not a limit
 )
 
 

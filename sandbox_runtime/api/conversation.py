@@ -10,6 +10,7 @@ same results folder.
 from __future__ import annotations
 
 import contextlib
+import uuid
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -26,6 +27,7 @@ from sandbox_runtime.models import (
     ToolOutcome,
     TurnReport,
 )
+from sandbox_runtime.pipeline.script_access import ScriptAccess
 from sandbox_runtime.sandbox.records import Sandbox
 from sandbox_runtime.spill.history import HistoryRebuild, rebuild_history
 from sandbox_runtime.store.folders import ConversationFolders, validate_conversation_id
@@ -100,20 +102,22 @@ class Conversation:
         args: list[str] | None = None,
         timeout_s: float | None = None,
     ) -> RunPythonResult:
-        """Run inline ``code`` or a ``script_path`` in the results folder; see :mod:`~.tools.run_python`."""
+        """Run inline ``code`` or a ``script_path`` in the results folder; see :mod:`~.tools.run_python`. The
+        script's tool calls (``sandbox_tools``) go through the pipeline, recorded as made by a call id of their
+        own (``api-<hex>``: this run has no stored decision)."""
         raw: dict[str, object] = {
             "code": code,
             "script_path": script_path,
             "args": list(args or []),
             "timeout_s": timeout_s,
         }
-        with self._live():
-            return run_python(self.runtime.conversations.handle(self.id), raw)
+        return self.call_run_python(raw)
 
     def call_run_python(self, arguments: RunPythonArgs | dict[str, object]) -> RunPythonResult:
         """Run with arguments exactly as a model sent them (validated against the tool schema)."""
+        scripts = ScriptAccess(self.runtime.dispatcher, self.id, f"api-{uuid.uuid4().hex[:16]}", None, None)
         with self._live():
-            return run_python(self.runtime.conversations.handle(self.id), arguments)
+            return run_python(self.runtime.conversations.handle(self.id), arguments, scripts=scripts)
 
     def call(
         self,

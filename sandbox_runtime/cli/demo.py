@@ -3,8 +3,9 @@
 The "model" is a fixed list of tool calls, each going through the same pipeline a real one would (spill, turn
 budget, stored decisions, execution record). It queries a sample SQLite database, exports from the spilled path,
 builds a DOCX report with a script passed by path, shows a failure's short message and full error file, sends a
-large body to a tool through ``delegate_call`` with an arguments file, attaches the report, and ends with the files
-made and the bytes the "model" wrote against the bytes the data path moved.
+large body to a tool through ``delegate_call`` with an arguments file, lets one short script send a ticket per
+region to that tool itself (``sandbox_tools``: the rows never pass through the "model"), attaches the report, and
+ends with the files made and the bytes the "model" wrote against the bytes the data path moved.
 """
 
 from __future__ import annotations
@@ -76,6 +77,22 @@ with open("/mnt/results/args/ticket.json", "w", encoding="utf-8") as out:
 print(f"args file: {{len(body):,}} characters of body")
 """
 
+_TICKETS_BY_SCRIPT = """\
+import sandbox_tools as tools
+regions = tools.sql_query(query="SELECT region, COUNT(*) AS orders FROM orders WHERE status != 'cancelled' "
+                                "GROUP BY region ORDER BY region")
+for region in regions.rows():
+    found = tools.sql_query(
+        query="SELECT order_id, customer, total FROM orders WHERE region = ? AND status != 'cancelled' "
+              "ORDER BY total DESC",
+        params=[region["region"]],
+    )
+    body = "\\n".join(f"{r['order_id']}  {r['customer']:<22} {r['total']:>10.2f}" for r in found.rows())
+    ticket = tools.tickets__create_ticket(title=f"Review the {region['orders']} orders of {region['region']}",
+                                          body=body, priority=3)
+    print(ticket.text)
+"""
+
 _TICKET_SCHEMA = {
     "type": "object",
     "properties": {
@@ -128,7 +145,9 @@ def _indent(text: str, limit: int = 900) -> str:
 def demo_policy(policy: str | Policy, database: Path) -> Policy:
     """The chosen policy with the demo's database configured for ``sql_query``."""
     base = policy if isinstance(policy, Policy) else load_policy(policy)
-    return base.changed({"sql": {"database_path": str(database)}}, "the demo's policy")
+    allowed = [*base.script_tools.allowed, "tickets__*"]  # scripts may file tickets too
+    changes = {"sql": {"database_path": str(database)}, "script_tools": {"allowed": allowed}}
+    return base.changed(changes, "the demo's policy")
 
 
 def run_demo(
@@ -238,8 +257,18 @@ def _play(s: _Script, tickets: list[dict[str, Any]]) -> None:
             file=s.out,
         )
 
-    s.step("7. attach_file: the report becomes a download for the user (kept past the spill's retention)")
-    attached = s.call("attach_file", {"path": report_path, "filename": "Orders report.docx"}, "c10")
+    s.step("7. a script calls tools itself: one ticket per region, bodies from the query, none written by the model")
+    filed = s.call("run_python", {"code": _TICKETS_BY_SCRIPT}, "c10")
+    by_script = tickets[1:]
+    s.expect(not filed.is_error and len(by_script) >= 3, "the script should file a ticket per region")
+    print(
+        f"   the tool received {len(by_script)} tickets with {sum(len(t['body'].encode()) for t in by_script):,} "
+        "bytes of body from one script; the model wrote only the script",
+        file=s.out,
+    )
+
+    s.step("8. attach_file: the report becomes a download for the user (kept past the spill's retention)")
+    attached = s.call("attach_file", {"path": report_path, "filename": "Orders report.docx"}, "c11")
     s.expect(not attached.is_error, "the report should be attached")
 
 
@@ -251,8 +280,10 @@ def _summary(s: _Script, conversation: Conversation) -> None:
         host = root / path.removeprefix(mount + "/")
         rows.append((path, host.stat().st_size if host.is_file() else 0, what))
     rows += [(a.host_path, a.bytes, f"attachment {a.filename!r} (a download)") for a in conversation.attachments()]
-    delivered = sum(len((c.expanded or "").encode()) for c in conversation.calls())  # what delegate_call sent
-    moved = sum(size for _path, size, _what in rows) + delivered
+    calls = conversation.calls()
+    delivered = sum(len((c.expanded or "").encode()) for c in calls)  # what delegate_call sent
+    by_scripts = sum(len((c.arguments or "").encode()) for c in calls if c.made_by is not None)
+    moved = sum(size for _path, size, _what in rows) + delivered + by_scripts
     print("\n== files made (open them: they are real)", file=s.out)
     width = max((len(path) for path, _size, _what in rows), default=10)
     for path, size, what in rows:
@@ -262,6 +293,6 @@ def _summary(s: _Script, conversation: Conversation) -> None:
         f"\nbytes the model wrote (every call's arguments): {s.written_bytes:>9,}\n"
         f"bytes the data path moved for it:               {moved:>9,} "
         f"({moved / max(s.written_bytes, 1):.1f} times as much: the files written, plus the {delivered:,} bytes "
-        f"delegate_call sent)",
+        f"delegate_call sent and the {by_scripts:,} bytes of arguments scripts sent to tools)",
         file=s.out,
     )

@@ -304,13 +304,16 @@ _APPROVAL_SCHEMA: dict[str, Any] = {
 
 def _approval_message(request: ApprovalRequest) -> str:
     shown = request.arguments_json
+    from_file = request.source is not None and request.via != "run_python"  # a script's call: its source is code
     if not request.complete:
         shown += (
             f"\n… (cut: {request.arguments_chars:,} characters in all; the whole is in {request.source})"
-            if request.source
+            if from_file
             else f"\n… (cut: {request.arguments_chars:,} characters in all)"
         )
     through = f" (through {request.via})" if request.via else ""
+    if request.via == "run_python" and request.source:
+        through = f" (made by the script {request.source})"
     return f"Approve a call of {request.tool}{through}? {request.summary}\nArguments that will be sent:\n{shown}"
 
 

@@ -36,6 +36,7 @@ from sandbox_runtime.models import CallRecord, HostResult, SpillMode, StoredResu
 from sandbox_runtime.pipeline.approval import Approver
 from sandbox_runtime.pipeline.execution import CallRunner, Ran, internal_error, is_infrastructure
 from sandbox_runtime.pipeline.results import Pending, outcome, to_stored
+from sandbox_runtime.pipeline.script_access import ScriptAccess
 from sandbox_runtime.policy import Policy
 from sandbox_runtime.spill.budget import BudgetCandidate, BudgetDecision, plan_turn_budget
 from sandbox_runtime.spill.failures import spill_error
@@ -126,15 +127,18 @@ class Dispatcher:
         *,
         approver: Approver | None = None,
         control: CallControl | None = None,
+        made_by: tuple[str, str] | None = None,
     ) -> PreparedCall:
-        """The first half of a turn, for one call that arrived on its own (an MCP request): run it (or find
-        its stored decision) and spill its result. Its decision is made by :meth:`settle`, together with the
-        other calls of its turn. ``control`` lets the caller cancel the run and hear its progress."""
+        """The first half of a turn, for one call that arrived on its own (an MCP request, or a script's call:
+        ``made_by`` names the tool that made it and where its arguments came from): run it (or find its stored
+        decision) and spill its result. Its decision is made by :meth:`settle`, together with the other calls of
+        its turn. ``control`` lets the caller cancel the run and hear its progress."""
         if not item.call_id:
             item = item.model_copy(update={"call_id": _new_call_id()})
         call_id = _check_call_id(item.call_id)
         stored = self.state.stored_results(conversation_id, [call_id])
-        prepared, failures = self._prepare_all(self._context(conversation_id), [item], stored, approver, control)
+        context = self._context(conversation_id)
+        prepared, failures = self._prepare_all(context, [item], stored, approver, control, made_by)
         if failures:
             raise failures[0][1]
         return prepared[0]
@@ -146,10 +150,11 @@ class Dispatcher:
         turn_id: str | None = None,
         *,
         shown_before_chars: int = 0,
+        made_by: str | None = None,
     ) -> TurnReport:
         """The second half: one sync for the turn's files, the turn budget over all its results (of which
         ``shown_before_chars`` were already given to the model earlier in the same turn), and the decisions
-        stored before anything is returned."""
+        stored before anything is returned; ``made_by`` names the call whose script made these calls."""
         turn_id = turn_id or f"turn-{uuid.uuid4().hex[:16]}"
         ids = _unique([p.call_id for p in prepared])
         pending = {p.call_id: p.pending for p in prepared if p.pending is not None}
@@ -159,7 +164,7 @@ class Dispatcher:
         decision = self._budget(ids, stored, pending, shown_before_chars)
         now = self._clock()
         records = [
-            self._record(conversation_id, turn_id, p.item, p.ran, pending[p.call_id])
+            self._record(conversation_id, turn_id, p.item, p.ran, pending[p.call_id], made_by)
             for p in prepared
             if p.ran is not None
         ]
@@ -200,6 +205,7 @@ class Dispatcher:
         stored: dict[str, StoredResult],
         approver: Approver | None,
         control: CallControl | None = None,
+        made_by: tuple[str, str] | None = None,
     ) -> tuple[list[PreparedCall], list[tuple[str, BaseException]]]:
         """Every item run (or found decided) and spilled; and the calls that raised (infrastructure failures), each
         with its call id — one call's failure stops none of the others."""
@@ -208,9 +214,10 @@ class Dispatcher:
             call_id = item.call_id or ""
             if call_id in stored:
                 return PreparedCall(item=item, call_id=call_id, ctx=ctx, stored=stored[call_id])
-            own = dataclasses.replace(ctx, call_id=call_id, control=control)
+            scripts = ScriptAccess(self, ctx.conversation_id, call_id, approver, control)
+            own = dataclasses.replace(ctx, call_id=call_id, control=control, scripts=scripts)
             try:
-                ran = self._run_one(own, item, approver)
+                ran = self._run_one(own, item, approver, made_by)
                 ran, pending = self._spill_or_fault(ctx, item, ran)
             except BaseException as exc:  # raised once the others of the turn are decided
                 return exc
@@ -226,13 +233,25 @@ class Dispatcher:
         ]
         return prepared, failures
 
-    def _run_one(self, ctx: ToolContext, item: ToolCall | HostResult, approver: Approver | None) -> Ran:
+    def _run_one(
+        self,
+        ctx: ToolContext,
+        item: ToolCall | HostResult,
+        approver: Approver | None,
+        made_by: tuple[str, str] | None,
+    ) -> Ran:
         if isinstance(item, HostResult):
             return self.runner.host_result(item.tool, item.result, item.is_error)
-        return self.runner.run(ctx, item.call_id or "", item.tool, item.arguments, approver=approver)
+        return self.runner.run(ctx, item.call_id or "", item.tool, item.arguments, approver=approver, made_by=made_by)
 
     def _record(
-        self, conversation_id: str, turn_id: str, item: ToolCall | HostResult, ran: Ran, pending: Pending
+        self,
+        conversation_id: str,
+        turn_id: str,
+        item: ToolCall | HostResult,
+        ran: Ran,
+        pending: Pending,
+        made_by: str | None,
     ) -> CallRecord:
         arguments = item.arguments if isinstance(item, ToolCall) else None
         return self.runner.record(
@@ -244,6 +263,7 @@ class Dispatcher:
             ran,
             pending.descriptor,
             pending.error_path,
+            made_by,
         )
 
     # ------------------------------------------------------------------------------------------ spill

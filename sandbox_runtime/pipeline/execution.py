@@ -138,9 +138,11 @@ class CallRunner:
         arguments: dict[str, Any],
         *,
         approver: Approver | None = None,
+        made_by: tuple[str, str] | None = None,
     ) -> Ran:
         """Run one call; ``approver`` (e.g. the MCP client's user, asked by elicitation) takes the place of the
-        runtime's own for this call."""
+        runtime's own for this call. ``made_by``: the tool whose run made the call and where its arguments came
+        from (a run_python script: judged by the stricter of its rule and the target's, as a delegated call)."""
         started = self._clock()
         target, expanded, source = tool, None, None
         nesting_max = self.policy.tools.json_nesting_max
@@ -152,6 +154,8 @@ class CallRunner:
             sent = expanded if expanded is not None else arguments
             validated = validate_arguments(spec, sent, label=label, nesting_max=nesting_max)
             via = DELEGATE if expanded is not None else None
+            if made_by is not None:
+                via, source = made_by
             request = make_request(self.policy.approval, ctx.conversation_id, call_id, target, sent, source, via=via)
             refusal = judge(self.policy.approval, approver or self.approver, request)
             if refusal is not None:
@@ -201,8 +205,10 @@ class CallRunner:
         ran: Ran,
         descriptor: ResultDescriptor | None,
         error_path: str | None,
+        made_by: str | None = None,
     ) -> CallRecord:
-        """The execution record of one call, with its result's descriptor and error file."""
+        """The execution record of one call, with its result's descriptor and error file (and the call whose
+        script made it)."""
         cap = self.policy.tools.record_args_max_bytes
         short, short_cut = _capped_json(arguments, cap)
         expanded, expanded_cut = _capped_json(ran.expanded, cap)
@@ -230,6 +236,7 @@ class CallRunner:
             arguments_cut=short_cut or expanded_cut,
             descriptor=descriptor,
             error_path=error_path,
+            made_by=made_by,
         )
 
 

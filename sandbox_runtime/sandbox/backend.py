@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import abc
 from collections.abc import Callable
-from typing import ClassVar, Literal, NamedTuple
+from typing import Any, ClassVar, Literal, NamedTuple, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -37,6 +37,7 @@ __all__ = [
     "RunResult",
     "RunnerVerdict",
     "SandboxBackend",
+    "ScriptCalls",
 ]
 
 HOST_CAP_MARGIN_BYTES = 64 * 1024  # the runner stops at cap + 1; the host's own cap is a backstop above it
@@ -175,6 +176,19 @@ class RunnerVerdict(NamedTuple):
     stream: Literal["stdout", "stderr"] | None  # ``output_limit``: the stream that passed its cap
 
 
+class ScriptCalls(Protocol):
+    """Who answers the tool calls a run makes (``sandbox_tools`` in the image): one JSON line per call, each
+    answered, in order, with a JSON object the run reads back. The backend only carries the lines; the answer
+    (and every check) is the caller's."""
+
+    @property
+    def line_max_bytes(self) -> int:
+        """A longer call line is not kept: ``answer`` gets None for it (once its end has come)."""
+
+    def answer(self, line: bytes | None) -> dict[str, Any]:
+        """The reply to one call line (None: the line was longer than ``line_max_bytes``). Must not raise."""
+
+
 class RunResult(NamedTuple):
     """What a run did, as the script made it (the runner's own words taken off), and the runner's verdict (None:
     the runner did not see the run through, or the caller cancelled it)."""
@@ -266,10 +280,20 @@ class SandboxBackend(abc.ABC):
         """
 
     @abc.abstractmethod
-    def run(self, container_id: str, request: RunRequest, control: CallControl | None = None) -> RunResult:
+    def run(
+        self,
+        container_id: str,
+        request: RunRequest,
+        control: CallControl | None = None,
+        calls: ScriptCalls | None = None,
+    ) -> RunResult:
         """Run a program under the in-sandbox runner (see :class:`RunRequest`), with the host's own caps and
         deadline as backstops; the errors and ``control`` are as for :meth:`exec`. Whatever channel reaches the
-        runner, every status and every protection is the same."""
+        runner, every status and every protection is the same.
+
+        ``calls`` answers the tool calls the run makes (a backend whose runs cannot make any ignores it; without
+        it, every call is told that none can be made). While a call is being answered, the run's time limit
+        stands still."""
 
     def prepare_run(self, container_id: str, request: RunRequest) -> None:
         """Make the channel that runs requests like this one ready ahead of the first (a resident executor,

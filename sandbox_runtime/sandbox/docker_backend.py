@@ -40,6 +40,7 @@ from sandbox_runtime.sandbox.backend import (
     RunRequest,
     RunResult,
     SandboxBackend,
+    ScriptCalls,
 )
 from sandbox_runtime.sandbox.docker_records import (
     container_info,
@@ -258,8 +259,14 @@ class DockerBackend(SandboxBackend, ImageBuilder):
             self._api.restart(container_id, timeout=0)
 
     # runs ---------------------------------------------------------------------------------------------
-    def run(self, container_id: str, request: RunRequest, control: CallControl | None = None) -> RunResult:
-        return self._executors.run(container_id, request, control)
+    def run(
+        self,
+        container_id: str,
+        request: RunRequest,
+        control: CallControl | None = None,
+        calls: ScriptCalls | None = None,
+    ) -> RunResult:
+        return self._executors.run(container_id, request, control, calls)
 
     def prepare_run(self, container_id: str, request: RunRequest) -> None:
         self._executors.preload(container_id, request)

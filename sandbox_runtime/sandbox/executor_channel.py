@@ -5,6 +5,12 @@ The executor's docstring has the protocol and why a run cannot forge what the ho
 fresh nonce for every run, believes ``D`` (done) only with that nonce after ``S`` (started) with it, and takes
 anything else on the channel (an unknown or oversized frame, a nonce it did not send, a second ``S``) for a
 broken channel, which is then ended. No engine client here: the engine's side comes in as a socket.
+
+A run's tool calls come as ``C`` frames: the bytes the run wrote on its call pipe, one JSON line per call. Each
+line is handed to the run's :class:`~sandbox_runtime.sandbox.backend.ScriptCalls` as it is complete (a line over
+its ``line_max_bytes`` is not kept: it is answered as too long), in this thread, while the run's deadline stands
+still; the answer goes back as a ``reply`` line, written without blocking (the executor may be busy writing the
+run's output, which this loop goes on reading). A reply the executor cannot take in time ends the channel.
 """
 
 from __future__ import annotations
@@ -15,11 +21,12 @@ import os
 import re
 import secrets
 import select
+import socket
 import struct
 import time
 from typing import Any, Literal, NamedTuple
 
-from sandbox_runtime.sandbox.backend import RunRequest
+from sandbox_runtime.sandbox.backend import RunRequest, ScriptCalls
 from sandbox_runtime.sandbox.exec_stream import Caller, Demux, Watch
 
 __all__ = ["Channel", "Done", "Exchange"]
@@ -30,6 +37,14 @@ _DIAGNOSTICS_MAX_BYTES = 8192  # what the executor itself writes on its stderr, 
 _STDOUT, _STDERR = 1, 2
 _WATCH_INTERVAL_S = 0.2
 _CANCEL_WAIT_S = 2.0  # a cancel the executor does not answer in this time is done by ending every process
+_OUTBOX_MAX_BYTES = 16 << 20  # replies the executor has not taken in: more means it no longer reads its stdin
+_FLUSH_WAIT_S = 5.0  # the rest of a reply already begun, sent after the run's end (the next request follows it)
+_UNANSWERED_LINE_MAX_BYTES = 4096  # with no ScriptCalls, a call line is not read, only answered
+_NO_CALLS: dict[str, object] = {
+    "ok": False,
+    "error": "unavailable",
+    "message": "tool calls cannot be made from this run (the host gave it none)",
+}
 _DONE = re.compile(
     rb"(?P<nonce>[0-9a-f]{32}) (?P<verdict>exited|timeout|output_limit|not_started|left_running|cancelled) "
     rb"(?P<exit>\d{1,3}) (?P<signal>\d{1,2}|-) (?P<stream>stdout|stderr|-) (?P<keep>keep|end)\Z"
@@ -100,9 +115,17 @@ class Channel:
                 self.pid = int(payload)
                 return True
 
-    def run(self, request: RunRequest, deadline: float, watch: Watch, caller: Caller | None) -> Exchange:
+    def run(
+        self,
+        request: RunRequest,
+        deadline: float,
+        watch: Watch,
+        caller: Caller | None,
+        calls: ScriptCalls | None = None,
+    ) -> Exchange:
         """Send one run and read it through: until ``D``, the end of the stream, the host's cap or deadline, the
-        sandbox's end, or a broken channel. With a caller, its cancel is sent on and its progress reported."""
+        sandbox's end, or a broken channel. With a caller, its cancel is sent on and its progress reported;
+        ``calls`` answers the run's tool calls (the deadline moves on by the time each answer took)."""
         nonce = secrets.token_hex(16)
         line = {
             "op": "run",
@@ -114,7 +137,8 @@ class Channel:
             "caps": [request.stdout_max_bytes, request.stderr_max_bytes],
         }
         caps = request.host_caps
-        state = _Reading(nonce, caps)
+        state = _Reading(nonce, caps, _UNANSWERED_LINE_MAX_BYTES if calls is None else calls.line_max_bytes)
+        outbox = _Outbox(self._sock)
         if not self._send(line):
             return state.exchange("eof")
         while True:
@@ -131,16 +155,27 @@ class Channel:
             if watch.due() and not watch.sample():
                 return state.exchange("died")
             try:
-                frames = self._read(min(left, _WATCH_INTERVAL_S))
+                frames = self._read(min(left, _WATCH_INTERVAL_S), outbox)
                 if frames is None:
                     return state.exchange("eof")
                 for kind, payload in frames:
                     stop = state.take(kind, payload)
                     if stop is not None:
                         self.last_used = time.monotonic()
+                        if not outbox.flush(_FLUSH_WAIT_S) and state.done is not None:
+                            state.done = state.done._replace(keep=False)  # a reply cut short: not reused
                         return state.exchange(stop)
+                deadline += self._answer(state, outbox, calls)
             except _Broken:
                 return state.exchange("broken")
+
+    def _answer(self, state: _Reading, outbox: _Outbox, calls: ScriptCalls | None) -> float:
+        """Answer the call lines that are complete; the seconds that took (the run's clock stood still)."""
+        began = time.monotonic()
+        for line in state.take_lines():
+            body = _NO_CALLS if calls is None else calls.answer(line)
+            outbox.add(json.dumps({"op": "reply", "nonce": state.nonce.decode(), "body": body}).encode() + b"\n")
+        return time.monotonic() - began
 
     def _send(self, message: dict[str, object]) -> bool:
         try:
@@ -149,9 +184,13 @@ class Channel:
             return False
         return True
 
-    def _read(self, timeout_s: float) -> list[tuple[bytes, bytes]] | None:
-        """The executor's frames that arrived within ``timeout_s`` (maybe none); None at the end of the stream."""
-        ready, _, _ = select.select([self._fd], [], [], timeout_s)
+    def _read(self, timeout_s: float, outbox: _Outbox | None = None) -> list[tuple[bytes, bytes]] | None:
+        """The executor's frames that arrived within ``timeout_s`` (maybe none); None at the end of the stream.
+        Meanwhile what ``outbox`` holds is written as the executor takes it."""
+        sending = [self._fd] if outbox is not None and outbox.pending else []
+        ready, writable, _ = select.select([self._fd], sending, [], timeout_s)
+        if writable and outbox is not None:
+            outbox.send_some()
         if not ready:
             return []
         chunk = os.read(self._fd, 65536)
@@ -182,12 +221,59 @@ class Channel:
                 handle.close()
 
 
-class _Reading:
-    """One run's frames as they arrive: its output (capped) and the check of every frame against the nonce."""
+class _Outbox:
+    """Reply lines on their way to the executor, written as it takes them, never blocking the loop."""
 
-    def __init__(self, nonce: str, caps: tuple[int, int]) -> None:
+    def __init__(self, sock: Any) -> None:
+        self._sock = sock
+        self._data = bytearray()
+
+    @property
+    def pending(self) -> bool:
+        return bool(self._data)
+
+    def add(self, line: bytes) -> None:
+        self._data += line
+        if len(self._data) > _OUTBOX_MAX_BYTES:
+            raise _Broken("the executor does not take its replies in")
+        self.send_some()
+
+    def send_some(self) -> None:
+        try:
+            sent = self._sock.send(self._data, socket.MSG_DONTWAIT)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError as exc:
+            raise _Broken(f"the reply could not be sent: {exc}") from exc
+        del self._data[:sent]
+
+    def flush(self, timeout_s: float) -> bool:
+        """Send the rest within ``timeout_s``; False when it could not be."""
+        end = time.monotonic() + timeout_s
+        while self._data:
+            left = end - time.monotonic()
+            if left <= 0:
+                return False
+            _, writable, _ = select.select([], [self._sock], [], left)
+            if writable:
+                try:
+                    self.send_some()
+                except _Broken:
+                    return False
+        return True
+
+
+class _Reading:
+    """One run's frames as they arrive: its output (capped), its tool call lines, and the check of every frame
+    against the nonce."""
+
+    def __init__(self, nonce: str, caps: tuple[int, int], line_max_bytes: int) -> None:
         self.nonce = nonce.encode()
         self.caps = caps
+        self.line_max_bytes = line_max_bytes
+        self._line = bytearray()
+        self._line_over = False
+        self._lines: list[bytes | None] = []
         self.started = False
         self.done: Done | None = None
         self.out = (bytearray(), bytearray())
@@ -209,6 +295,9 @@ class _Reading:
                 self.over_cap = "stdout" if index == 0 else "stderr"
                 return "cap"
             return None
+        if kind == b"C" and self.started:
+            self._take_call_bytes(payload)
+            return None
         if kind == b"D" and self.started:
             match = _DONE.fullmatch(payload)
             if match is None or match["nonce"] != self.nonce:
@@ -222,6 +311,27 @@ class _Reading:
             )
             return "done"
         raise _Broken(f"an unexpected {kind!r} frame")
+
+    def _take_call_bytes(self, payload: bytes) -> None:
+        """Collect call lines; one longer than ``line_max_bytes`` is dropped as it comes, its end kept as None."""
+        while True:
+            head, newline, payload = payload.partition(b"\n")
+            if not self._line_over:
+                if len(self._line) + len(head) > self.line_max_bytes:
+                    self._line_over = True
+                    self._line.clear()
+                else:
+                    self._line += head
+            if not newline:
+                return
+            self._lines.append(None if self._line_over else bytes(self._line))
+            self._line.clear()
+            self._line_over = False
+
+    def take_lines(self) -> list[bytes | None]:
+        """The call lines complete since the last time (None for one that was too long)."""
+        lines, self._lines = self._lines, []
+        return lines
 
     def exchange(self, stop: Stop) -> Exchange:
         return Exchange(

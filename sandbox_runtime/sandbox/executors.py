@@ -24,7 +24,14 @@ from typing import Any, Protocol, cast
 
 from sandbox_runtime.control import CallControl
 from sandbox_runtime.errors import SandboxError, SandboxGone
-from sandbox_runtime.sandbox.backend import ExecResult, RunnerVerdict, RunRequest, RunResult, VerdictName
+from sandbox_runtime.sandbox.backend import (
+    ExecResult,
+    RunnerVerdict,
+    RunRequest,
+    RunResult,
+    ScriptCalls,
+    VerdictName,
+)
 from sandbox_runtime.sandbox.exec_stream import Caller, Watch
 from sandbox_runtime.sandbox.executor_channel import Channel, Exchange
 from sandbox_runtime.sandbox.profile import executor_command
@@ -63,7 +70,9 @@ class ResidentExecutors:
         self._channels: dict[str, Channel] = {}
         self._guard = threading.Lock()
 
-    def run(self, container_id: str, request: RunRequest, control: CallControl | None) -> RunResult:
+    def run(
+        self, container_id: str, request: RunRequest, control: CallControl | None, calls: ScriptCalls | None = None
+    ) -> RunResult:
         started = time.monotonic()
         if control is not None and control.is_cancelled:
             return RunResult(ExecResult.cancelled_before_start(), None)
@@ -75,7 +84,7 @@ class ResidentExecutors:
             if control is not None:
                 caller = Caller(control, started, request.deadline_s, lambda: None)
             try:
-                exchange = channel.run(request, deadline, watch, caller)
+                exchange = channel.run(request, deadline, watch, caller, calls)
             finally:
                 self._give_back(container_id, channel)
             if exchange.stop == "done" and exchange.done is not None:

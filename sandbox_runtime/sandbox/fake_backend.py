@@ -40,6 +40,7 @@ from sandbox_runtime.sandbox.backend import (
     RunRequest,
     RunResult,
     SandboxBackend,
+    ScriptCalls,
 )
 from sandbox_runtime.sandbox.fake_run import RunnerLimits, end_group, run_command
 from sandbox_runtime.sandbox.profile import PYTHON, RUNNER, end_all_command, run_by_exec
@@ -208,7 +209,14 @@ class FakeBackend(SandboxBackend):
             track=track,
         )
 
-    def run(self, container_id: str, request: RunRequest, control: CallControl | None = None) -> RunResult:
+    def run(
+        self,
+        container_id: str,
+        request: RunRequest,
+        control: CallControl | None = None,
+        calls: ScriptCalls | None = None,
+    ) -> RunResult:
+        del calls  # a script on the host has no sandbox_tools to call with
         return run_by_exec(self, container_id, request, control)  # the runner's contract, kept by exec below
 
     def oom_kill_count(self, container_id: str) -> int | None:

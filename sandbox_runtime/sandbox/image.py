@@ -46,7 +46,15 @@ _REGISTRY_HOST = "registry-1.docker.io"
 _DEBIAN_SUITE = "bookworm"
 _DEBOOTSTRAP_PACKAGES = "python3,python3-venv,passwd"
 _MANYLINUX_TAGS = ("manylinux2014", "manylinux_2_17", "manylinux_2_28")
-_IMAGE_FILES = ("Dockerfile", "requirements.txt", "run.py", "confine.py", "selfcheck.py", "executor.py")
+_IMAGE_FILES = (
+    "Dockerfile",
+    "requirements.txt",
+    "run.py",
+    "confine.py",
+    "selfcheck.py",
+    "executor.py",
+    "sandbox_tools.py",
+)
 _SUBPROCESS_TIMEOUT_S = 900
 
 Source = Literal["auto", "registry", "offline"]

@@ -276,7 +276,7 @@ class StateDB:
                 db.execute(
                     "INSERT OR IGNORE INTO calls(conversation_id, call_id, turn_id, tool, target, started_at, "
                     "finished_at, status, arguments, expanded, arguments_sha256, arguments_cut, descriptor, "
-                    "error_path) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    "error_path, made_by) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                     (
                         c.conversation_id,
                         c.call_id,
@@ -292,6 +292,7 @@ class StateDB:
                         int(c.arguments_cut),
                         _descriptor_json(c.descriptor),
                         c.error_path,
+                        c.made_by,
                     ),
                 )
             for r in results:

@@ -94,6 +94,9 @@ _MIGRATIONS: tuple[tuple[str, ...], ...] = (
         *(statement.strip() for statement in _TABLES.split(";") if statement.strip()),
         "CREATE INDEX IF NOT EXISTS attachments_by_conversation ON attachments(conversation_id, created_at)",
     ),
+    (  # 1 -> 2: a call made by a run_python script names the call of that run
+        "ALTER TABLE calls ADD COLUMN made_by TEXT",
+    ),
 )
 SCHEMA_VERSION = len(_MIGRATIONS)
 

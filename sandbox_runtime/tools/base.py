@@ -15,10 +15,10 @@ from __future__ import annotations
 
 import datetime as dt
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Literal, Protocol, TypeVar
 
 from jsonschema import Draft202012Validator
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -26,13 +26,16 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from sandbox_runtime.control import CallControl
 from sandbox_runtime.conversations.handle import SandboxHandle
 from sandbox_runtime.errors import InvalidToolArguments, PathExpired, PathNotFound, PathRejected
-from sandbox_runtime.models import Attachment, ResultDescriptor, SpillMode
+from sandbox_runtime.models import Attachment, ResultDescriptor, SpillMode, ToolOutcome
 from sandbox_runtime.policy import Policy
 from sandbox_runtime.spill.jsonio import nesting_depth
 from sandbox_runtime.state.records import ExpiredFile
 from sandbox_runtime.store.safe_paths import ResultsRoot
 
 __all__ = [
+    "ScriptCallOutcome",
+    "ScriptFailure",
+    "ScriptTools",
     "SpillMode",
     "ToolContext",
     "ToolReturn",
@@ -82,6 +85,29 @@ class ToolContext:
     record_attachment: Callable[[Attachment], None]
     call_id: str = ""  # the call being run (set per call by the pipeline)
     control: CallControl | None = None  # its cancellation and progress, when the caller gave them
+    scripts: ScriptTools | None = None  # the pipeline, for the tool calls of a run_python script
+
+
+ScriptFailure = Literal["denied", "invalid_arguments", "failed"]
+
+
+@dataclass(frozen=True)
+class ScriptCallOutcome:
+    """What a script's tool call came to: the outcome the model would have had, and why it failed, if it did."""
+
+    outcome: ToolOutcome
+    failure: ScriptFailure | None
+
+
+class ScriptTools(Protocol):
+    """The dispatch pipeline as a ``run_python`` run's tool calls reach it."""
+
+    def specs(self) -> Mapping[str, ToolSpec]:
+        """Every tool of the runtime, by name (the caller picks those scripts may call)."""
+
+    def call(self, tool: str, arguments: dict[str, Any], number: int, source: str) -> ScriptCallOutcome:
+        """The run's call ``number`` (1, 2, ...), its arguments from ``source`` (the script), through the whole
+        pipeline: validation, approval, the handler, spill, the stored decision and the execution record."""
 
 
 @dataclass(frozen=True)

@@ -32,14 +32,18 @@ RUN_PYTHON_DESCRIPTION = (
     "folder (/mnt/results) — edit long scripts there and run them by path instead of retyping them. Files "
     "written under /mnt/results stay for the conversation. Results over 1,000 characters are saved to a file "
     "and you get its path: read data from such paths in your script instead of copying values. A failure "
-    "returns the exception line and the path of the full error."
+    "returns the exception line and the path of the full error. A script can call tools itself — use that for "
+    "many calls, bodies taken from files or query rows, or one tool's result reshaped into another's arguments, "
+    "so the data never passes through you: `import sandbox_tools as tools`; `print(tools.list_tools())` names "
+    "those it may call; `r = tools.sql_query(query=...)` gives `r.text`, `r.path` (a saved result's file) and "
+    "`r.rows()`; `tools.some_tool(arg=value)` for each call; a failed or refused call raises `tools.ToolError`."
 )
 
 
 def _run_python(ctx: ToolContext, args: RunPythonArgs) -> ToolReturn:
     args = parse_args(args, ctx.policy)
     try:
-        result = run_python(ctx.sandbox, args, control=ctx.control)
+        result = run_python(ctx.sandbox, args, control=ctx.control, scripts=ctx.scripts)
     except PathNotFound as exc:
         if args.script_path is None:
             raise

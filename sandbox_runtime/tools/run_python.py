@@ -47,7 +47,7 @@ from sandbox_runtime.sandbox.profile import PYTHON, run_request
 from sandbox_runtime.sandbox.records import Sandbox
 from sandbox_runtime.store.quota import QuotaUsage
 from sandbox_runtime.store.safe_paths import ResultsRoot
-from sandbox_runtime.tools.base import model_arguments
+from sandbox_runtime.tools.base import ScriptTools, model_arguments
 from sandbox_runtime.tools.run_outcome import RunStatus, run_outcome
 from sandbox_runtime.tools.run_result import (
     RunPythonResult,
@@ -57,6 +57,7 @@ from sandbox_runtime.tools.run_result import (
     not_saved,
     not_started,
 )
+from sandbox_runtime.tools.script_calls import RunToolCalls
 
 __all__ = ["InvalidToolArguments", "RunPythonArgs", "RunPythonResult", "RunStatus", "run_python"]
 
@@ -125,9 +126,11 @@ def run_python(
     raw_args: dict[str, object] | RunPythonArgs,
     *,
     control: CallControl | None = None,
+    scripts: ScriptTools | None = None,
 ) -> RunPythonResult:
     """Run one script in the conversation's sandbox and classify how it ended; ``control`` cancels the run
-    (every process of it ends, status ``cancelled``) and hears its progress."""
+    (every process of it ends, status ``cancelled``) and hears its progress. ``scripts`` answers the tool calls
+    the script makes with ``sandbox_tools`` (without it, none can be made)."""
     policy = sandbox.policy
     args = parse_args(raw_args, policy)
     timeout_s = args.timeout_s or policy.run.default_timeout_s
@@ -135,7 +138,7 @@ def run_python(
     if not _acquire(lock, control):
         return not_started(args.script_path)
     try:
-        return _run_locked(sandbox, args, timeout_s, control)
+        return _run_locked(sandbox, args, timeout_s, control, scripts)
     finally:
         lock.release()  # as soon as the run has ended: the conversation's next call starts at once
 
@@ -167,7 +170,11 @@ def _exec_control(control: CallControl | None, timeout_s: float) -> CallControl 
 
 
 def _run_locked(
-    handle: SandboxHandle, args: RunPythonArgs, timeout_s: float, control: CallControl | None
+    handle: SandboxHandle,
+    args: RunPythonArgs,
+    timeout_s: float,
+    control: CallControl | None,
+    scripts: ScriptTools | None,
 ) -> RunPythonResult:
     policy = handle.policy
     backend = handle.backend
@@ -187,14 +194,15 @@ def _run_locked(
     oom_before = backend.oom_kill_count(sandbox.container_id)
     request = run_request(policy, timeout_s, (PYTHON, script, *args.args))
     exec_control = _exec_control(control, timeout_s)
+    calls = RunToolCalls(scripts, policy.script_tools, script)
     try:
         try:
-            result, verdict = backend.run(sandbox.container_id, request, exec_control)
+            result, verdict = backend.run(sandbox.container_id, request, exec_control, calls)
         except SandboxGone:
             # removed or stopped from outside since this process last used it: nothing ran; start afresh
             logger.info("sandbox of %s is gone; starting a new one", handle.conversation_id)
             sandbox = handle.replace()
-            result, verdict = backend.run(sandbox.container_id, request, exec_control)
+            result, verdict = backend.run(sandbox.container_id, request, exec_control, calls)
     except EngineLost:
         handle.abandon(sandbox, f"the engine went away during run {run_number}")
         raise
@@ -205,7 +213,13 @@ def _run_locked(
     breach = _quota_breach(handle, result) if status in ("ok", "error") and not removed else None
     if breach is not None:
         status = "quota_exceeded"
-    return finish(policy, root, script, run_number, result, verdict, status, timeout_s, breach, removed=removed)
+    finished = finish(policy, root, script, run_number, result, verdict, status, timeout_s, breach, removed=removed)
+    said = calls.summary()
+    if said is None:
+        return finished
+    return finished.model_copy(
+        update={"message": f"{finished.message} {said}", "tool_calls": calls.made, "tool_calls_failed": calls.failed}
+    )
 
 
 def _tend(

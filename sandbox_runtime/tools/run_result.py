@@ -50,6 +50,8 @@ class RunPythonResult(BaseModel):
     stderr_bytes: int
     used_bytes: int | None = None
     limit_bytes: int | None = None
+    tool_calls: int = 0  # calls the script made with sandbox_tools that reached the pipeline
+    tool_calls_failed: int = 0  # of those, the ones that failed or were denied
 
 
 def decode(data: bytes) -> str:

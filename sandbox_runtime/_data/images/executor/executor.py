@@ -14,13 +14,19 @@ Host to executor, one JSON object per line::
 
     {"op": "run", "nonce": N, "argv": [...], "cwd": "...", "timeout_s": T, "grace_s": G, "caps": [O, E]}
     {"op": "cancel", "nonce": N}
+    {"op": "reply", "nonce": N, "body": {...}}     the answer to the run's oldest unanswered tool call
 
 Executor to host: frames of one kind byte, a 4-byte big-endian length and the payload::
 
     R  ready, with this process's pid          S  started: the nonce; the run is handed over after it
     O  stdout bytes of the run                  E  stderr bytes of the run (at most cap + 1 of each)
+    C  bytes the run wrote on its tool-call pipe: JSON lines, one per call (``sandbox_tools``); the host
+       answers every line, in order, with a ``reply``, whose body goes to the run as one JSON line
     D  done: "NONCE VERDICT EXIT SIGNAL STREAM KEEP" (the per-exec runner's record fields, and whether the
        executor goes on: "keep" or "end")
+
+While a tool call is unanswered (a line passed on, its reply not yet come) the run's time limit stands still: the
+host bounds the time its calls take. The host judges every call; the executor only passes bytes on.
 
 VERDICT is one of the runner's (``exited``, ``timeout``, ``output_limit``, ``not_started``, ``left_running``) or
 ``cancelled``. Why a run cannot change what a later run executes or is told:
@@ -34,8 +40,9 @@ VERDICT is one of the runner's (``exited``, ``timeout``, ``output_limit``, ``not
   through ``/proc``; what it writes there cannot carry the nonce. ``D`` is one write of less than PIPE_BUF
   bytes, made after the final sweep found no other process of the uid alive, with the nonce first: a frame the
   host takes for ``D`` with the right nonce is this one.
-* Bytes on stdin during a run that are not the host's cancel (with the run's nonce) are the run's: the
-  executor says ``end`` in ``D`` and exits, so the next run gets a fresh executor.
+* Bytes on stdin during a run that are not the host's cancel or reply (with the run's nonce) are the run's: the
+  executor says ``end`` in ``D`` and exits, so the next run gets a fresh executor. A reply that comes after its
+  run ended is dropped.
 * Signals that end a process by default are ignored by the executor (SIGKILL and SIGSTOP excepted) and restored
   in each run.
 
@@ -67,6 +74,7 @@ FRAME = struct.Struct(">cI")
 PIPE_BUF = 4096
 READ_CHUNK = 65536
 REQUEST_MAX_BYTES = 1 << 20
+REPLIES_MAX_BYTES = 8 << 20  # replies a run has not read; past this it gets none any more (its pipe is closed)
 CANCELLED_EXIT = 130
 SPARE_NAME = "sr-spare"  # the spare's process name (``/proc/<pid>/comm``) until it runs its job
 _IGNORED = (
@@ -90,7 +98,7 @@ PRELOADED = (  # noqa: SIM905  (eighty names read better as words)
     "shutil sqlite3 statistics string struct tempfile textwrap time traceback typing unicodedata urllib.parse "
     "uuid warnings xml.dom.minidom xml.etree.ElementTree zipfile zlib "
     "openpyxl openpyxl.styles openpyxl.utils openpyxl.chart docx docx.shared docx.enum.text pptx pptx.util "
-    "pptx.chart.data lxml.etree PIL.Image xlsxwriter defusedxml"
+    "pptx.chart.data lxml.etree PIL.Image xlsxwriter defusedxml sandbox_tools"
 ).split()
 
 
@@ -100,6 +108,7 @@ class Stream:
     def __init__(self):
         self.pending = b""
         self.tampered = False
+        self.ended = False  # the host closed stdin
 
     def send(self, kind, payload=b""):
         runner._write_all(1, FRAME.pack(kind, len(payload)) + payload)
@@ -109,26 +118,33 @@ class Stream:
         return b"\n" in self.pending or bool(select.select([0], [], [], 0)[0])
 
     def read_request(self):
-        """The next request (a dict), blocking; None at the end of the stream or on a line that is not one."""
-        while b"\n" not in self.pending:
-            chunk = os.read(0, READ_CHUNK)
-            if not chunk or len(self.pending) > REQUEST_MAX_BYTES:
+        """The next request (a dict), blocking; None at the end of the stream or on a line that is not one.
+        A reply between runs (its run ended before it came) is dropped: only the host writes here then."""
+        while True:
+            while b"\n" not in self.pending:
+                chunk = os.read(0, READ_CHUNK)
+                if not chunk or len(self.pending) > REQUEST_MAX_BYTES:
+                    return None
+                self.pending += chunk
+            line, _, self.pending = self.pending.partition(b"\n")
+            try:
+                request = json.loads(line)
+            except ValueError:
                 return None
-            self.pending += chunk
-        line, _, self.pending = self.pending.partition(b"\n")
-        try:
-            request = json.loads(line)
-        except ValueError:
-            return None
-        return request if isinstance(request, dict) else None
+            if not isinstance(request, dict):
+                return None
+            if request.get("op") != "reply":
+                return request
 
-    def take_cancels(self, nonce):
-        """Read what stdin holds now: True when the host cancelled the run; anything else marks tampering."""
+    def take_input(self, nonce, replies, final=False):
+        """Read what stdin holds now: True when the host cancelled the run. The bodies of the host's replies
+        are added to ``replies`` (each a JSON line); anything else marks tampering, and so does a part of a line
+        left when the run is over (``final``)."""
         cancelled = False
         while select.select([0], [], [], 0)[0]:
             chunk = os.read(0, READ_CHUNK)
             if not chunk:
-                self.tampered = True
+                self.tampered = self.ended = True
                 break
             self.pending += chunk
         while b"\n" in self.pending:
@@ -139,15 +155,22 @@ class Stream:
                 request = None
             if request == {"op": "cancel", "nonce": nonce}:
                 cancelled = True
+            elif (
+                isinstance(request, dict)
+                and request.keys() == {"op", "nonce", "body"}
+                and (request["op"] == "reply" and request["nonce"] == nonce)
+            ):
+                replies.append(json.dumps(request["body"]).encode() + b"\n")
             else:
                 self.tampered = True
-        if self.pending:
-            self.tampered = True  # a part of a line: the host writes whole ones
+        if self.pending and (self.ended or final):
+            self.tampered = True  # the host writes whole lines, and none after the run's end
         return cancelled
 
 
 class Spare:
-    """A child forked while no run exists, waiting for its job: the run's pipes are made with it.
+    """A child forked while no run exists, waiting for its job: the run's pipes are made with it (output, the
+    job, the confinement's word, and the tool calls: the run's calls out, the host's replies in).
 
     In the child, ``pid`` is 0 and only its own ends are open (stdin is /dev/null)."""
 
@@ -156,6 +179,8 @@ class Spare:
         err_read, err_write = os.pipe()
         job_read, job_write = os.pipe()
         ctl_read, ctl_write = os.pipe()
+        call_read, call_write = os.pipe()
+        reply_read, reply_write = os.pipe()
         self.pid = os.fork()
         if self.pid == 0:
             null = os.open(os.devnull, os.O_RDONLY)
@@ -163,13 +188,16 @@ class Spare:
             os.dup2(out_write, 1)
             os.dup2(err_write, 2)
             for fd in _open_fds():
-                if fd not in (0, 1, 2, job_read, ctl_write):
+                if fd not in (0, 1, 2, job_read, ctl_write, call_write, reply_read):
                     _close(fd)
             self.job_read, self.ctl_write = job_read, ctl_write
+            self.call_write, self.reply_read = call_write, reply_read
             return
-        for fd in (out_write, err_write, job_read, ctl_write):
+        for fd in (out_write, err_write, job_read, ctl_write, call_write, reply_read):
             os.close(fd)
+        os.set_blocking(reply_write, False)  # a run that does not read its replies never holds the executor up
         self.out_read, self.err_read, self.job_write, self.ctl_read = out_read, err_read, job_write, ctl_read
+        self.call_read, self.reply_write = call_read, reply_write
 
     def hand_over(self, job):
         """Give the child its job; the reason it could not confine itself, or "" once it runs the script."""
@@ -188,7 +216,7 @@ class Spare:
         """End a spare that gets no job (the executor ends, or replaces it by one forked once loaded)."""
         os.kill(self.pid, signal.SIGKILL)
         os.waitpid(self.pid, 0)
-        for fd in (self.out_read, self.err_read, self.job_write, self.ctl_read):
+        for fd in (self.out_read, self.err_read, self.job_write, self.ctl_read, self.call_read, self.reply_write):
             _close(fd)
 
 
@@ -206,42 +234,124 @@ def _open_fds():
         return list(range(3, 256))
 
 
+class _Calls:
+    """The run's tool calls in flight: lines passed on to the host, replies passed back, and the time they took
+    (the run's time limit stands still meanwhile)."""
+
+    def __init__(self, spare, poller):
+        self.spare, self.poller = spare, poller
+        self.unanswered = 0
+        self.out = bytearray()  # replies from the host the run has not read yet
+        self.writing = False  # the reply pipe is watched for room
+        self.since = None  # when the oldest unanswered call was passed on
+        self.paused_s = 0.0
+
+    def sent(self, chunk):
+        """A chunk of the run's calls went to the host: every newline ends one call."""
+        if self.unanswered == 0 and b"\n" in chunk:
+            self.since = time.monotonic()
+        self.unanswered += chunk.count(b"\n")
+
+    def answered(self, replies):
+        """The host answered: the replies go to the run; the clock goes on once no call is unanswered. A run
+        that leaves more than REPLIES_MAX_BYTES unread gets no more (its pipe is closed: its next read ends)."""
+        self.unanswered = max(0, self.unanswered - len(replies))
+        if self.unanswered == 0:
+            self._resume()
+        if self.spare.reply_write is None or not replies:
+            return
+        for reply in replies:
+            self.out += reply
+        if len(self.out) > REPLIES_MAX_BYTES:
+            self._stop_replies()
+        elif not self.writing:
+            self.poller.register(self.spare.reply_write, select.POLLOUT)
+            self.writing = True
+
+    def host_gone(self):
+        """No reply can come any more (stdin ended): the clock goes on."""
+        self.unanswered = 0
+        self._resume()
+
+    def _resume(self):
+        if self.since is not None:
+            self.paused_s += time.monotonic() - self.since
+            self.since = None
+
+    def paused(self):
+        """Seconds the run's clock stood still, this pause included."""
+        return self.paused_s + (time.monotonic() - self.since if self.since is not None else 0.0)
+
+    def _stop_replies(self):
+        if self.writing:
+            self.poller.unregister(self.spare.reply_write)
+            self.writing = False
+        _close(self.spare.reply_write)
+        self.spare.reply_write = None
+        self.out.clear()
+
+    def write(self):
+        """Pass what the run may read on (never blocking); a run that closed its end gets no more."""
+        try:
+            written = os.write(self.spare.reply_write, self.out)
+        except BlockingIOError:
+            return
+        except OSError:
+            self._stop_replies()
+            return
+        del self.out[:written]
+        if not self.out:
+            self.poller.unregister(self.spare.reply_write)
+            self.writing = False
+
+
 def _relay(stream, spare, nonce, timeout_s, caps):
-    """Pass the run's output on as frames until it exits, a cap is passed, the time is up or the host cancels.
+    """Pass the run's output and tool calls on as frames, and the host's replies back, until it exits, a cap is
+    passed, the time is up or the host cancels.
 
     Returns ("exited", wait status), ("output_limit", stream name), ("timeout", None) or ("cancelled", None).
     Closes the run's pipes."""
     deadline = time.monotonic() + timeout_s
     poller = select.poll()
-    pipes = {spare.out_read: (b"O", 0), spare.err_read: (b"E", 1)}
+    pipes = {spare.out_read: (b"O", 0), spare.err_read: (b"E", 1), spare.call_read: (b"C", None)}
     for fd in (*pipes, 0):
         poller.register(fd, select.POLLIN)
     exit_watch = runner.ChildExit(spare.pid, poller)
+    calls = _Calls(spare, poller)
     sent = [0, 0]
     try:
         while True:
-            left = deadline - time.monotonic()
+            left = deadline + calls.paused() - time.monotonic()
             if left <= 0:
                 return "timeout", None
             if exit_watch.seen() and not pipes:
                 return "exited", exit_watch.status
-            for fd, _event in poller.poll(1000 * min(left, exit_watch.wait_s())):
+            wait_s = exit_watch.wait_s() if calls.since is not None else min(left, exit_watch.wait_s())
+            for fd, _event in poller.poll(1000 * wait_s):
                 if fd == 0:
-                    cancelled = stream.take_cancels(nonce)
+                    replies = []
+                    cancelled = stream.take_input(nonce, replies)
+                    calls.answered(replies)
                     if cancelled and not stream.tampered:
                         return "cancelled", None
                     if stream.tampered:
                         poller.unregister(0)  # the run is seen through; the executor ends after it
-                elif fd in pipes and _forward(stream, poller, fd, pipes, sent, caps):
+                        calls.host_gone()
+                elif fd == spare.reply_write:
+                    calls.write()
+                elif fd in pipes and _forward(stream, poller, fd, pipes, sent, caps, calls):
                     return "output_limit", ("stdout", "stderr")[pipes[fd][1]]
     finally:
         exit_watch.close()
         for fd in pipes:
             os.close(fd)
+        if spare.reply_write is not None:
+            _close(spare.reply_write)
 
 
-def _forward(stream, poller, fd, pipes, sent, caps):
-    """Pass one chunk of the run's output on (at most cap + 1 bytes in all); True once a cap is passed."""
+def _forward(stream, poller, fd, pipes, sent, caps, calls):
+    """Pass one chunk of the run's output (at most cap + 1 bytes in all) or of its calls on; True once a cap is
+    passed."""
     chunk = os.read(fd, READ_CHUNK)
     if not chunk:
         poller.unregister(fd)
@@ -249,6 +359,10 @@ def _forward(stream, poller, fd, pipes, sent, caps):
         os.close(fd)
         return False
     kind, index = pipes[fd]
+    if index is None:
+        stream.send(kind, chunk)
+        calls.sent(chunk)
+        return False
     room = caps[index] + 1 - sent[index]
     if room > 0:
         stream.send(kind, chunk[:room])
@@ -291,8 +405,8 @@ def _serve_one(stream, spare, job):
     stream.send(b"S", nonce.encode())
     failure = spare.hand_over(work)
     if failure:
-        os.close(spare.out_read)
-        os.close(spare.err_read)
+        for fd in (spare.out_read, spare.err_read, spare.call_read, spare.reply_write):
+            os.close(fd)
         os.waitpid(spare.pid, 0)
         reason = f"sandbox-runtime: the sandbox could not confine the script, so it did not run: {failure}\n"
         stream.send(b"E", reason.encode())
@@ -303,7 +417,7 @@ def _serve_one(stream, spare, job):
         settle = grace_s if outcome == "timeout" else 0.0 if outcome in ("output_limit", "cancelled") else 0.2
         if not runner.sweep(settle):
             verdict = ("left_running", runner.LEFT_RUNNING_EXIT, None, None)
-    stream.take_cancels(nonce)  # after the sweep nothing of the run is left to write to stdin
+    stream.take_input(nonce, [], final=True)  # after the sweep nothing of the run is left to write to stdin
     keep = not stream.tampered and verdict[0] != "left_running"
     name, exit_status, signal_number, which = verdict
     fields = (nonce, name, str(exit_status), "-" if signal_number is None else str(signal_number), which or "-")
@@ -360,6 +474,13 @@ def _prepare(spare, nproc_max):
         runner._write_all(spare.ctl_write, (str(exc) or type(exc).__name__).encode())
         os._exit(runner.NOT_STARTED_EXIT)
     os.close(spare.ctl_write)
+    try:
+        tools = importlib.import_module("sandbox_tools")  # preloaded: the run's way to call the host's tools
+    except ImportError:
+        for fd in (spare.call_write, spare.reply_read):
+            _close(fd)
+    else:
+        tools._connect(spare.call_write, spare.reply_read)
     sys.dont_write_bytecode = True
     for handle in (sys.stdout, sys.stderr):
         handle.reconfigure(encoding="utf-8", errors="backslashreplace")

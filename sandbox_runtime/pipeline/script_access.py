@@ -1,0 +1,74 @@
+"""The dispatch pipeline as a ``run_python`` script reaches it: each tool call a run makes is a call of its own,
+run, judged, spilled and decided like a model's call, and recorded as made by the run's call.
+
+The call id of a run's call ``n`` is ``<the run's call id>/<n>``: when the run's call is tried again after an
+infrastructure failure (same call id), its script's calls that were decided are replayed, not made again. The
+approval request names ``run_python`` as the tool the call came through and the script as the arguments' source;
+as for ``delegate_call``, the stricter of ``run_python``'s rule and the target's applies. The run's cancel
+cancels its calls; their progress is not reported (the run's is).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from sandbox_runtime.control import CallControl
+from sandbox_runtime.models import ToolCall
+from sandbox_runtime.pipeline.approval import Approver
+from sandbox_runtime.tools.base import ScriptCallOutcome, ScriptFailure, ToolSpec
+
+if TYPE_CHECKING:
+    from sandbox_runtime.pipeline.dispatch import Dispatcher
+
+__all__ = ["ScriptAccess", "script_call_id"]
+
+_CALL_ID_MAX_CHARS = 200
+_RUN_PYTHON = "run_python"
+_DENIED = "Denied: "
+
+
+def script_call_id(parent_call_id: str, number: int) -> str:
+    """``<parent>/<number>``; a parent id too long to fit is shortened to its digest."""
+    call_id = f"{parent_call_id}/{number}"
+    if len(call_id) <= _CALL_ID_MAX_CHARS:
+        return call_id
+    digest = hashlib.sha256(parent_call_id.encode("utf-8", "surrogatepass")).hexdigest()[:32]
+    return f"{digest}/{number}"
+
+
+class ScriptAccess:
+    """The tool calls of the run of one ``run_python`` call (see the module text)."""
+
+    def __init__(
+        self,
+        dispatcher: Dispatcher,
+        conversation_id: str,
+        parent_call_id: str,
+        approver: Approver | None,
+        control: CallControl | None,
+    ) -> None:
+        self._dispatcher = dispatcher
+        self._conversation_id = conversation_id
+        self._parent = parent_call_id
+        self._approver = approver
+        self._control = None if control is None else CallControl(cancelled=control.cancelled)
+
+    def specs(self) -> Mapping[str, ToolSpec]:
+        return self._dispatcher.tools
+
+    def call(self, tool: str, arguments: dict[str, Any], number: int, source: str) -> ScriptCallOutcome:
+        item = ToolCall(tool=tool, arguments=arguments, call_id=script_call_id(self._parent, number))
+        dispatcher, conversation = self._dispatcher, self._conversation_id
+        prepared = dispatcher.prepare(
+            conversation, item, approver=self._approver, control=self._control, made_by=(_RUN_PYTHON, source)
+        )
+        outcome = dispatcher.settle(conversation, [prepared], made_by=self._parent).outcomes[0]
+        failure: ScriptFailure | None = None
+        if outcome.is_error:
+            ran = prepared.ran
+            denied = ran.denied if ran is not None else outcome.text.startswith(_DENIED)
+            invalid = "InvalidToolArguments: " in outcome.text[:200]
+            failure = "denied" if denied else "invalid_arguments" if invalid else "failed"
+        return ScriptCallOutcome(outcome=outcome, failure=failure)
