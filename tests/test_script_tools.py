@@ -254,7 +254,7 @@ def test_a_retried_run_replays_the_calls_it_made_before_instead_of_making_them_a
     code = "import sandbox_tools as t\nprint(t.tracker__create_issue(title='once', body='only once').text)"
     outputs = []
     for _ in range(2):  # the same run's call id both times: as when its first try failed in the runtime
-        access = ScriptAccess(runtime.dispatcher, "retry", "retried-call", None, None)
+        access = ScriptAccess(runtime.dispatcher, runtime.dispatcher.context("retry"), "retried-call", None, None)
         outputs.append(run_python(handle, {"code": code}, scripts=access).stdout)
     assert outputs[0] == outputs[1]
     assert len(tracker.issues) == 1

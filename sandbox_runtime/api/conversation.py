@@ -115,9 +115,11 @@ class Conversation:
 
     def call_run_python(self, arguments: RunPythonArgs | dict[str, object]) -> RunPythonResult:
         """Run with arguments exactly as a model sent them (validated against the tool schema)."""
-        scripts = ScriptAccess(self.runtime.dispatcher, self.id, f"api-{uuid.uuid4().hex[:16]}", None, None)
+        dispatcher = self.runtime.dispatcher
         with self._live():
-            return run_python(self.runtime.conversations.handle(self.id), arguments, scripts=scripts)
+            context = dispatcher.context(self.id)
+            scripts = ScriptAccess(dispatcher, context, f"api-{uuid.uuid4().hex[:16]}", None, None)
+            return run_python(context.sandbox, arguments, scripts=scripts)
 
     def call(
         self,

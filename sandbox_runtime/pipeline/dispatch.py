@@ -87,6 +87,10 @@ class Dispatcher:
         self._clock = clock
         self.runner = CallRunner(policy, tools, approver, clock)
 
+    def context(self, conversation_id: str) -> ToolContext:
+        """What the conversation's calls run with (its folders made and held)."""
+        return self._context(conversation_id)
+
     def run_turn(
         self,
         conversation_id: str,
@@ -128,16 +132,18 @@ class Dispatcher:
         approver: Approver | None = None,
         control: CallControl | None = None,
         made_by: tuple[str, str] | None = None,
+        context: ToolContext | None = None,
     ) -> PreparedCall:
         """The first half of a turn, for one call that arrived on its own (an MCP request, or a script's call:
-        ``made_by`` names the tool that made it and where its arguments came from): run it (or find its stored
-        decision) and spill its result. Its decision is made by :meth:`settle`, together with the other calls of
-        its turn. ``control`` lets the caller cancel the run and hear its progress."""
+        ``made_by`` names the tool that made it and where its arguments came from, ``context`` is its run's):
+        run it (or find its stored decision) and spill its result. Its decision is made by :meth:`settle`,
+        together with the other calls of its turn. ``control`` lets the caller cancel the run and hear its
+        progress."""
         if not item.call_id:
             item = item.model_copy(update={"call_id": _new_call_id()})
         call_id = _check_call_id(item.call_id)
         stored = self.state.stored_results(conversation_id, [call_id])
-        context = self._context(conversation_id)
+        context = context or self._context(conversation_id)
         prepared, failures = self._prepare_all(context, [item], stored, approver, control, made_by)
         if failures:
             raise failures[0][1]
@@ -214,7 +220,7 @@ class Dispatcher:
             call_id = item.call_id or ""
             if call_id in stored:
                 return PreparedCall(item=item, call_id=call_id, ctx=ctx, stored=stored[call_id])
-            scripts = ScriptAccess(self, ctx.conversation_id, call_id, approver, control)
+            scripts = ScriptAccess(self, ctx, call_id, approver, control)
             own = dataclasses.replace(ctx, call_id=call_id, control=control, scripts=scripts)
             try:
                 ran = self._run_one(own, item, approver, made_by)

@@ -10,6 +10,7 @@ cancels its calls; their progress is not reported (the run's is).
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
@@ -17,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 from sandbox_runtime.control import CallControl
 from sandbox_runtime.models import ToolCall
 from sandbox_runtime.pipeline.approval import Approver
-from sandbox_runtime.tools.base import ScriptCallOutcome, ScriptFailure, ToolSpec
+from sandbox_runtime.tools.base import ScriptCallOutcome, ScriptFailure, ToolContext, ToolSpec
 
 if TYPE_CHECKING:
     from sandbox_runtime.pipeline.dispatch import Dispatcher
@@ -44,13 +45,14 @@ class ScriptAccess:
     def __init__(
         self,
         dispatcher: Dispatcher,
-        conversation_id: str,
+        context: ToolContext,
         parent_call_id: str,
         approver: Approver | None,
         control: CallControl | None,
     ) -> None:
         self._dispatcher = dispatcher
-        self._conversation_id = conversation_id
+        self._context = dataclasses.replace(context, call_id="", control=None, scripts=None)
+        self._conversation_id = context.conversation_id
         self._parent = parent_call_id
         self._approver = approver
         self._control = None if control is None else CallControl(cancelled=control.cancelled)
@@ -62,7 +64,12 @@ class ScriptAccess:
         item = ToolCall(tool=tool, arguments=arguments, call_id=script_call_id(self._parent, number))
         dispatcher, conversation = self._dispatcher, self._conversation_id
         prepared = dispatcher.prepare(
-            conversation, item, approver=self._approver, control=self._control, made_by=(_RUN_PYTHON, source)
+            conversation,
+            item,
+            approver=self._approver,
+            control=self._control,
+            made_by=(_RUN_PYTHON, source),
+            context=self._context,  # the run's folders, already held: not claimed again per call
         )
         outcome = dispatcher.settle(conversation, [prepared], made_by=self._parent).outcomes[0]
         failure: ScriptFailure | None = None
