@@ -251,7 +251,7 @@ def print_table(report: Report) -> None:
         print(row)
     print()
     for key, value in ratios.items():
-        print(f"ratio {key:<44} {value:6.2f}x")
+        print(f"ratio {key:<44} {value:7.3f}x")
     print()
     for key, value in report["scale"].items():
         print(f"{key:<56} {value:10.2f}")
