@@ -160,12 +160,12 @@ for row in tools.sql_query(query="SELECT title, body FROM reports ORDER BY rowid
 
 
 def test_limits_stop_a_call_with_a_clear_error_in_the_script(
-    docker_runtime_factory: RuntimeFactory, tmp_path: Path
+    docker_runtime_factory: RuntimeFactory, containment_policy: Policy, tmp_path: Path
 ) -> None:
     tracker, approvals = Tracker(delay_s=0.4), Approvals()
     runtime = scripted_runtime(
         docker_runtime_factory,
-        Policy(),
+        containment_policy,
         make_reports(tmp_path / "r.db", [("a", "b")]),
         tracker,
         approvals,
@@ -276,9 +276,9 @@ def exchange(data, count):
 
 
 def test_garbage_on_the_call_pipe_gets_an_error_per_line_and_the_executor_goes_on(
-    docker_runtime_factory: RuntimeFactory,
+    docker_runtime_factory: RuntimeFactory, containment_policy: Policy
 ) -> None:
-    conversation = docker_runtime_factory().conversation("garbage")
+    conversation = docker_runtime_factory(containment_policy).conversation("garbage")
     code = (
         RAW_CHANNEL
         + r"""

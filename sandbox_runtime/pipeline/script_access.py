@@ -10,7 +10,6 @@ cancels its calls; their progress is not reported (the run's is).
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
@@ -51,7 +50,7 @@ class ScriptAccess:
         control: CallControl | None,
     ) -> None:
         self._dispatcher = dispatcher
-        self._context = dataclasses.replace(context, call_id="", control=None, scripts=None)
+        self._run_context = context
         self._conversation_id = context.conversation_id
         self._parent = parent_call_id
         self._approver = approver
@@ -69,7 +68,8 @@ class ScriptAccess:
             approver=self._approver,
             control=self._control,
             made_by=(_RUN_PYTHON, source),
-            context=self._context,  # the run's folders, already held: not claimed again per call
+            context=self._run_context,  # its folders are held already: not claimed again per call (each call
+            # gets its own id, control and script access from the pipeline)
         )
         outcome = dispatcher.settle(conversation, [prepared], made_by=self._parent).outcomes[0]
         failure: ScriptFailure | None = None
