@@ -186,7 +186,7 @@ def _exchange(request):
             raise ToolArgumentsInvalid(
                 f"the arguments of {request.get('tool')} are not JSON: {exc}", tool=request.get("tool")
             ) from None
-        data = line + b"\n"
+        data = memoryview(line + b"\n")
         try:
             while data:
                 data = data[os.write(calls_fd, data) :]
