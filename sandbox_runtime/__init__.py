@@ -5,6 +5,7 @@ from sandbox_runtime.control import CallControl
 from sandbox_runtime.errors import (
     BadTableFile,
     ConversationDeleted,
+    ConversationInUse,
     EngineLost,
     EngineUnavailable,
     FileTooLarge,
@@ -57,6 +58,7 @@ __all__ = [
     "CallRecord",
     "Conversation",
     "ConversationDeleted",
+    "ConversationInUse",
     "EngineLost",
     "EngineUnavailable",
     "FakeBackend",

@@ -26,6 +26,8 @@ raises, runs out of time or memory) are *results* with ``is_error`` set, never e
     ├── InvalidConversationId (ValueError)     a conversation id has bad characters or length
     ├── ToolNameTaken (ValueError)             register_tool: a built-in or registered tool already has the name
     ├── ConversationDeleted                    the conversation was deleted; open it again from the runtime
+    ├── ConversationInUse                      another live process uses the conversation (names it): it cannot be
+    │                                          deleted or started afresh now
     ├── StateVersionUnknown                    the state database was written by a newer version: not opened
     ├── StateUnavailable                       the state database cannot be opened (a path too long for SQLite,
     │                                          no permission, a read-only disk); says why
@@ -49,6 +51,7 @@ from __future__ import annotations
 __all__ = [
     "BadTableFile",
     "ConversationDeleted",
+    "ConversationInUse",
     "EngineLost",
     "EngineUnavailable",
     "FileTooLarge",
@@ -111,6 +114,11 @@ class StateUnavailable(SandboxRuntimeError):
 
 class ConversationDeleted(SandboxRuntimeError):
     """The conversation was deleted; open it again with ``runtime.conversation(id)`` to start it afresh."""
+
+
+class ConversationInUse(SandboxRuntimeError):
+    """Another live process (named in the message) uses the conversation, so it cannot be deleted or started
+    afresh now; try again once that process is done with it."""
 
 
 class InvalidToolArguments(ToolFailure, ValueError):

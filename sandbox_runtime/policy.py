@@ -344,6 +344,16 @@ class McpPolicy(_Model):
     tasks_kept_max: PositiveInt = Field(
         256, description="Most tasks kept at once; the oldest ended go first, a new one is refused while all run."
     )
+    shutdown_grace_s: float = Field(
+        20.0,
+        ge=0,
+        le=3600,
+        description="On SIGTERM or SIGINT, `serve` takes no new call and lets the calls in flight finish for this "
+        "long; those still running then are cancelled (a second signal cancels them at once).",
+    )
+    shutdown_retry_after_s: PositiveInt = Field(
+        5, description="While `serve --http` stops, a new call gets 503 with this many seconds in Retry-After."
+    )
 
     @model_validator(mode="after")
     def _upstream_names(self) -> McpPolicy:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -14,10 +15,18 @@ from tests.conftest import SESSION, TEST_LABEL, RuntimeFactory
 DEMO_S = 300
 
 
-def test_the_demo_plays_every_step_and_its_files_open(runtime_factory: RuntimeFactory, served_state: Path) -> None:
-    command = [sys.executable, "-m", "sandbox_runtime.cli.main", "--state-dir", str(served_state)]
+def _demo(state: Path) -> subprocess.CompletedProcess[str]:
+    command = [sys.executable, "-m", "sandbox_runtime.cli.main", "--state-dir", str(state)]
     command += ["--label", f"{TEST_LABEL}={SESSION}", "demo"]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=DEMO_S, check=False)
+    return subprocess.run(command, capture_output=True, text=True, timeout=DEMO_S, check=False)
+
+
+def test_the_demo_plays_every_step_and_its_files_open_run_after_run(
+    runtime_factory: RuntimeFactory, served_state: Path
+) -> None:
+    first = _demo(served_state)
+    assert first.returncode == 0, first.stdout + first.stderr
+    done = _demo(served_state)  # users run the main command again, in the same state directory
     assert done.returncode == 0, done.stdout + done.stderr
     out = done.stdout
     for heading in ("== 2. sql_query", "== 3. export_table", "== 5. a failing script", "== 6. delegate_call"):
@@ -42,3 +51,18 @@ def test_the_demo_plays_every_step_and_its_files_open(runtime_factory: RuntimeFa
     tools = [call.tool for call in conversation.calls()]
     assert tools.count("delegate_call") == 1
     assert next(c for c in conversation.calls() if c.tool == "delegate_call").target == "tickets__create_ticket"
+
+
+def test_the_demo_refuses_in_one_line_while_another_process_uses_its_conversation(
+    runtime_factory: RuntimeFactory, served_state: Path
+) -> None:
+    first = _demo(served_state)
+    assert first.returncode == 0, first.stdout + first.stderr
+    holder = runtime_factory(state_dir=served_state)  # this test's process uses the demo conversation now
+    holder.conversation("demo").call("write_file", {"path": "note.txt", "content": "mine"}, call_id="mine")
+    refused = _demo(served_state)
+    assert refused.returncode == 1
+    (line,) = refused.stderr.strip().splitlines()
+    assert line.startswith("error: the demo conversation 'demo'")
+    assert f"in use by process {os.getpid()}" in line
+    assert (holder.conversation("demo").folders.results / "note.txt").read_text() == "mine"  # nothing was deleted

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 import subprocess
 import threading
 import time
@@ -17,8 +18,8 @@ from sandbox_runtime.policy import load_policy, policy_from_mapping
 from sandbox_runtime.sandbox.backend import SandboxBackend
 from sandbox_runtime.sandbox.docker_backend import DockerBackend
 from sandbox_runtime.sandbox.manager import Removal
-from sandbox_runtime.sandbox.profile import LABEL_CONVERSATION, LABEL_RUNTIME
-from sandbox_runtime.store.quota import loop_quota_unavailable_reason
+from sandbox_runtime.sandbox.profile import LABEL_CONVERSATION, LABEL_RUNTIME, LABEL_STATE_DIR
+from sandbox_runtime.store.quota import attached_loop_images, loop_quota_unavailable_reason
 from tests.conftest import SESSION, TEST_LABEL, RuntimeFactory
 
 pytestmark = pytest.mark.docker
@@ -214,3 +215,54 @@ def test_closing_a_conversation_releases_its_volume_but_never_one_in_use(
     assert conversation.usage().used_bytes > 0  # a look mounts it for the look only
     assert not os.path.ismount(folders.results)
     assert (conversation.folders.results / "kept.txt").read_text() == "kept"  # a use mounts it again
+
+
+def _mounts_under(path: Path) -> list[str]:
+    return [line.split()[1] for line in Path("/proc/self/mounts").read_text().splitlines() if str(path) in line]
+
+
+@needs_loop
+def test_a_runtime_on_a_temporary_directory_is_closed_and_the_directory_removed_at_once(
+    docker_backend: DockerBackend, executor_image: str, tmp_path: Path
+) -> None:
+    state = tmp_path / "state"
+    policy = policy_from_mapping({"store": LOOP_STORE, "pool": {"ready_count": 1}})
+    labels = {TEST_LABEL: SESSION}
+    try:
+        with Runtime(state, policy, image=executor_image, extra_labels=labels, warm_pool=True) as runtime:
+            assert runtime.pool is not None
+            assert runtime.pool.wait_until_ready(timeout_s=120)  # a pool slot's volume is mounted too
+            result = runtime.conversation("temporary").run_python("open('/mnt/results/a.txt', 'w').write('a')")
+            assert result.status == "ok"
+            assert _mounts_under(state)
+        assert _mounts_under(state) == []
+        shutil.rmtree(state)  # no "Device or resource busy"
+    finally:
+        for info in docker_backend.list_containers({**labels, LABEL_STATE_DIR: str(state.resolve())}):
+            docker_backend.remove(info.id)
+    assert not [image for image in attached_loop_images() if image.startswith(str(tmp_path))]
+
+
+@needs_loop
+def test_a_closed_runtimes_sandbox_runs_on_and_the_next_runtime_shares_its_one_filesystem(
+    runtime_factory: RuntimeFactory, tmp_path: Path
+) -> None:
+    state = tmp_path / "state"
+    policy = policy_from_mapping({"store": LOOP_STORE})
+    first = runtime_factory(policy, state_dir=state)
+    conversation = first.conversation("carried-on")
+    assert conversation.run_python("open('/mnt/results/before.txt', 'w').write('before')").status == "ok"
+    container = conversation.sandbox().container_id
+    folders = first.store.folders("carried-on")
+    first.close()
+    assert not os.path.ismount(folders.results)  # the host's mount went; the sandbox keeps its own
+    assert len(_losetup_lists(folders.volume).splitlines()) == 1
+    second = runtime_factory(policy, state_dir=state)
+    again = second.conversation("carried-on")
+    seen = again.run_python(
+        "open('/mnt/results/after.txt', 'w').write('after'); print(open('/mnt/results/before.txt').read())"
+    )
+    assert (seen.status, seen.stdout) == ("ok", "before\n")
+    assert again.sandbox().container_id == container  # re-attached, not replaced
+    assert (folders.results / "after.txt").read_text() == "after"  # what the sandbox writes, the host reads
+    assert len(_losetup_lists(folders.volume).splitlines()) == 1  # one device, one filesystem: never mounted twice

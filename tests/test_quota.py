@@ -164,7 +164,12 @@ def test_gc_after_a_crash_leaves_no_loop_device_of_the_state_directory_attached(
             outcome = crashed.conversation(name).call("write_file", {"path": f"{name}.txt", "content": name})
             assert not outcome.is_error, outcome
     finally:
-        crashed.close()  # its sandboxes and mounts stay, as after a crash; then the engine loses the sandboxes
+        # a crash: the process ends without closing (its lease counts as gone), its sandboxes and mounts stay;
+        # then the engine loses the sandboxes
+        crashed.workers.close()
+        crashed.manager.end_lease()
+        crashed.backend.close()
+        crashed.state.close()
     for info in docker_backend.list_containers({TEST_LABEL: SESSION, LABEL_STATE_DIR: str(state.resolve())}):
         docker_backend.remove(info.id)
     assert len(_attached_under(state)) == 20

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -172,6 +174,34 @@ def test_a_traceback_longer_than_100_kb_is_kept_whole_in_the_error_file(runtime:
     assert result.error_path is not None
     saved = runtime.store.results_root(conversation.folders).read_text(result.error_path, max_bytes=1 << 20)
     assert saved.count("v") >= 150_000
+
+
+_FAILING_SCRIPTS = {
+    "raised": "def total(rows):\n    return sum(row['amount'] for row in rows)\n\nprint(total([{'sum': 1}]))\n",
+    "chained": "try:\n    {}['missing']\nexcept KeyError as exc:\n    raise ValueError('no amount') from exc\n",
+    "syntax": "print('unclosed'\n",
+}
+
+
+@pytest.mark.parametrize("kind", sorted(_FAILING_SCRIPTS))
+def test_a_failed_scripts_full_error_is_what_python_script_py_prints(
+    runtime: Runtime, tmp_path: Path, kind: str
+) -> None:
+    conversation = runtime.conversation(f"plain-traceback-{kind}")
+    source = _FAILING_SCRIPTS[kind]
+    conversation.call("write_file", {"path": "/mnt/results/scripts/failing.py", "content": source}, call_id="w")
+    result = conversation.run_python(script_path="/mnt/results/scripts/failing.py")
+    assert result.status == "error"
+    assert result.error_path is not None
+    saved = runtime.store.results_root(conversation.folders).read_text(result.error_path, max_bytes=1 << 20)
+    # the same script run by the host's own python3 (the image's version: Debian's 3.11), at its own path
+    on_host = tmp_path / "failing.py"
+    on_host.write_text(source)
+    plain = subprocess.run([sys.executable, str(on_host)], capture_output=True, text=True, check=False, timeout=60)
+    expected = plain.stderr.replace(str(on_host), "/mnt/results/scripts/failing.py")
+    assert saved == expected
+    assert result.stderr == expected
+    assert "executor.py" not in saved
 
 
 def test_the_strict_policy_runs_code_within_its_tighter_limits(runtime_factory: RuntimeFactory) -> None:

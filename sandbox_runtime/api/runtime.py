@@ -38,7 +38,7 @@ from typing import Any, Literal
 
 from sandbox_runtime.api.conversation import Conversation
 from sandbox_runtime.conversations.service import ConversationService
-from sandbox_runtime.errors import ToolNameTaken
+from sandbox_runtime.errors import SandboxRuntimeError, ToolNameTaken
 from sandbox_runtime.models import SpillMode
 from sandbox_runtime.pipeline.approval import Approver
 from sandbox_runtime.pipeline.dispatch import Dispatcher
@@ -273,15 +273,21 @@ class Runtime:
     def close(self) -> None:
         """Remove the sandboxes still waiting in the warm pool (with their slots), stop the background jobs and the
         services the runtime owns (a gateway registered in it), cancel the calls still waiting for a worker and
-        wait (up to 10 s) for those that run, drop this runtime's lease and release the engine connection;
-        conversations' sandboxes (and their mounted volumes) keep running for the next start to re-attach.
-        Closing twice does nothing."""
+        wait (up to 10 s) for those that run, unmount the conversations' quota volumes this runtime mounted and no
+        other live process uses, drop this runtime's lease and release the engine connection. Conversations'
+        sandboxes keep running (on their own mount of their folder) for the next start to re-attach, which mounts
+        the folder again; nothing of this runtime stays mounted, so the state directory can be removed right
+        after. Closing twice does nothing."""
         if self._closed:
             return
         self._closed = True
         if self.pool is not None:
             self.pool.close()  # first: its job starts no more sandboxes, and those waiting go with their slots
         self.workers.close()  # the jobs, the services it owns (a gateway), then the calls in flight (bounded)
+        try:
+            self.conversations.release_all()
+        except SandboxRuntimeError as exc:  # the engine gone, say: close goes on; the next start's sweep sees to it
+            logger.warning("could not release everything this runtime mounted: %s", exc)
         self.manager.end_lease()
         self.backend.close()
         self.state.close()

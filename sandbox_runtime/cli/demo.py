@@ -18,6 +18,7 @@ from typing import Any, TextIO
 
 from sandbox_runtime.api.runtime import Conversation, Runtime, default_state_dir
 from sandbox_runtime.cli.sample_data import make_sample_database
+from sandbox_runtime.errors import ConversationInUse
 from sandbox_runtime.pipeline.dispatch import ToolOutcome
 from sandbox_runtime.policy import Policy, load_policy
 
@@ -171,9 +172,7 @@ def run_demo(
             description="Create a ticket in the team's tracker.",
             input_schema=_TICKET_SCHEMA,
         )
-        conversation = runtime.conversation(DEMO_CONVERSATION)
-        if runtime.state.conversation(DEMO_CONVERSATION) is not None:
-            conversation.delete()  # the last run's files make way: one demo conversation, fresh each time
+        conversation = _fresh_conversation(runtime)
         script = _Script(conversation, out)
         try:
             _play(script, tickets)
@@ -185,6 +184,23 @@ def run_demo(
         return 1
     print("\ndemo finished: every step behaved as expected", file=out)
     return 0
+
+
+def _fresh_conversation(runtime: Runtime) -> Conversation:
+    """The demo conversation, empty: the last run's files make way (one demo conversation, fresh each time).
+    Another live process using it (a demo still running, a ``serve`` it was named to) is
+    :class:`ConversationInUse`, naming that process: its files are left alone."""
+    if runtime.state.conversation(DEMO_CONVERSATION) is not None:
+        mine = runtime.manager.lease.id
+        others = [h for h in runtime.state.leases.live_holds(DEMO_CONVERSATION) if h.lease_id != mine]
+        if others:
+            holder = others[0]
+            raise ConversationInUse(
+                f"the demo conversation {DEMO_CONVERSATION!r} in {runtime.state_dir} is in use by process "
+                f"{holder.pid} on {holder.host}; wait for it to finish (or stop it), or give another --state-dir"
+            )
+        runtime.conversation(DEMO_CONVERSATION).delete()
+    return runtime.conversation(DEMO_CONVERSATION)  # after a deletion: the id opened again, new and empty
 
 
 def _play(s: _Script, tickets: list[dict[str, Any]]) -> None:

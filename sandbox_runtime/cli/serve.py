@@ -118,7 +118,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if policy.sql.database_path is not None:  # before anything starts, not at the first call
         source = "--database" if args.database is not None else f"sql.database_path of the policy {args.policy}"
         check_database(policy.sql.database_path, source)
-    with contextlib.ExitStack() as stack:
+    with _SignalsNoted() as early, contextlib.ExitStack() as stack:
         listener: socket.socket | None = None
         if args.http is not None:
             host, port = policy.mcp.http_host, policy.mcp.http_port
@@ -146,8 +146,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
         gateway.register(runtime)
         service = McpService(runtime, transport="stdio" if stdio else "http", conversation=conversation)
         print(f"{len(runtime.tools)} tools: {', '.join(runtime.tools)}", file=sys.stderr, flush=True)
-        if listener is None:
+        if early.received:
+            print("stopped before serving: a stop signal came during start-up", file=sys.stderr, flush=True)
+        elif listener is None:
             serve_stdio(service)
+            early.again()
             if client.alive():  # the session ended, not (yet) the client: a watcher ends the sandbox after it
                 start_watcher(runtime.state_dir, args.policy, client, service.default_conversation)
             else:
@@ -161,7 +164,36 @@ def cmd_serve(args: argparse.Namespace) -> int:
                 on_ready=lambda url: print(f"serving MCP at {url}", file=sys.stderr, flush=True),
                 listener=listener,
             )
+            early.again()
     return 0
+
+
+class _SignalsNoted:
+    """SIGTERM and SIGINT outside the serving loop (which drains on them: :mod:`~sandbox_runtime.mcp.shutdown`)
+    are noted, never fatal, so that start-up and clean-up finish: nothing started is left behind (pooled
+    sandboxes, mounts, a lease). A signal during start-up ends the server before it serves. Main thread only."""
+
+    def __init__(self) -> None:
+        self.received = False
+        self._previous: dict[int, Any] = {}
+
+    def __enter__(self) -> _SignalsNoted:
+        if threading.current_thread() is threading.main_thread():
+            self._previous = {sig: signal.signal(sig, self._note) for sig in (signal.SIGTERM, signal.SIGINT)}
+        return self
+
+    def again(self) -> None:
+        """Note them again after the serving loop (its event loop leaves the default handlers behind)."""
+        for sig in self._previous:
+            signal.signal(sig, self._note)
+
+    def _note(self, signum: int, _frame: object) -> None:
+        self.received = True
+        logger.warning("%s: stopping once what was started is cleaned up", signal.Signals(signum).name)
+
+    def __exit__(self, *_exc: object) -> None:
+        for sig, previous in self._previous.items():
+            signal.signal(sig, previous)
 
 
 def _close_default_conversation(runtime: Any, conversation_id: str) -> None:

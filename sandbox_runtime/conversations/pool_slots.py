@@ -102,13 +102,17 @@ class PoolSlots:
         os.rename(slot_folders.root, target.root)
         return target
 
+    def own(self) -> list[str]:
+        """The slots of this process that no conversation took (made, being made, or half removed)."""
+        return _slots_in(self.root / self.lease_id)
+
     def sweep(self, live_leases: set[str], slots_in_use: set[str]) -> list[str]:
         """Remove the slots of processes that ended (not in ``live_leases``) that no container uses; returns the
         slots removed."""
         removed: list[str] = []
         for lease in ended_leases(self.root, live_leases):
             base = self.root / lease
-            for slot in sorted({name.removesuffix(".ext4") for name in os.listdir(base)} - slots_in_use):
+            for slot in sorted(set(_slots_in(base)) - slots_in_use):
                 try:
                     self.drop(slot, lease)
                 except (QuotaError, OSError) as exc:
@@ -116,3 +120,12 @@ class PoolSlots:
                     continue
                 removed.append(slot)
         return removed
+
+
+def _slots_in(base: Path) -> list[str]:
+    """The slots with a folder or an image in a lease's folder."""
+    try:
+        names = os.listdir(base)
+    except FileNotFoundError:
+        return []
+    return sorted({name.removesuffix(".ext4") for name in names})

@@ -25,14 +25,14 @@ from pathlib import Path
 from sandbox_runtime.conversations.handle import SandboxHandle
 from sandbox_runtime.conversations.pool_slots import PoolSlots, ended_leases
 from sandbox_runtime.conversations.volumes import QuotaVolumes, release_orphan_volume
-from sandbox_runtime.errors import QuotaError
+from sandbox_runtime.errors import QuotaError, SandboxError
 from sandbox_runtime.policy import Policy
 from sandbox_runtime.sandbox.backend import SandboxBackend
 from sandbox_runtime.sandbox.canary import CANARY_CONVERSATION
-from sandbox_runtime.sandbox.holds import ConversationLocks, HostLocks
+from sandbox_runtime.sandbox.holds import LABEL_LEASE, ConversationLocks, HostLocks
 from sandbox_runtime.sandbox.manager import SandboxManager
 from sandbox_runtime.sandbox.pool import WarmPool
-from sandbox_runtime.sandbox.profile import LABEL_POOL_SLOT, PYTHON, run_request
+from sandbox_runtime.sandbox.profile import LABEL_POOL_SLOT, LABEL_RUNTIME, LABEL_STATE_DIR, PYTHON, run_request
 from sandbox_runtime.sandbox.records import Removal, ResultsFolder, Sandbox
 from sandbox_runtime.state.database import StateDB
 from sandbox_runtime.store.folders import ConversationFolders, ConversationStore
@@ -195,6 +195,28 @@ class ConversationService:
             self.store.delete(folders)
 
     # ending ---------------------------------------------------------------------------------------------
+    def release_all(self) -> None:
+        """At this process's close (its calls ended): remove what its warm pool left (a sandbox whose start was in
+        flight, and every slot of its own, unmounted), then unmount the volumes of the conversations it holds
+        that no other live process holds (:meth:`QuotaVolumes.release_held`). Conversations' sandboxes keep
+        running for the next process; nothing of this process stays mounted."""
+        left = set(self.slots.own())
+        if left:
+            manager = self.manager
+            mine = {LABEL_RUNTIME: "1", LABEL_STATE_DIR: manager.state_dir_label, LABEL_LEASE: manager.lease.id}
+            for info in manager.backend.list_containers(mine):
+                if info.labels.get(LABEL_POOL_SLOT) in left and manager.conversation_of(info) is None:
+                    try:
+                        manager.backend.remove(info.id)
+                    except SandboxError as exc:
+                        logger.warning("could not remove pooled sandbox %s: %s", info.id[:12], exc)
+            for slot in sorted(left):
+                try:
+                    self.slots.drop(slot)
+                except (QuotaError, OSError) as exc:
+                    logger.warning("could not remove pool slot %s: %s", slot, exc)
+        self.volumes.release_held()
+
     def close(self, conversation_id: str) -> bool:
         """End the conversation's sandbox and release its quota volume (unless another live process holds it);
         its folders stay. True when a sandbox was running."""

@@ -29,6 +29,8 @@ __all__ = ["QuotaVolumes", "release_orphan_volume"]
 
 logger = logging.getLogger(__name__)
 
+_CLOSE_LOCK_WAIT_S = 5.0  # at close, calls have ended (or were given up on): a lock still taken is one of those
+
 
 @dataclasses.dataclass(eq=False, kw_only=True)
 class QuotaVolumes:
@@ -58,20 +60,23 @@ class QuotaVolumes:
                 else:
                     del self._looking[conversation_id]
 
-    def release(self, conversation_id: str, *, used_before: float | None = None) -> bool:
+    def release(self, conversation_id: str, *, used_before: float | None = None, sandbox_may_run: bool = False) -> bool:
         """Unmount the conversation's quota volume and drop this process's hold; the caller holds the
         conversation's lock. Nothing happens while :meth:`_in_use` (this process's hold is dropped when another
-        live process holds it: the last holder releases it) or while it is busy (logged). True when released."""
+        live process holds it: the last holder releases it) or while it is busy (logged). True when released.
+        ``sandbox_may_run`` (at close): a running sandbox does not keep the host's mount; it keeps its own, and
+        the loop device stays attached for it."""
         record = self.state.conversation(conversation_id)
         if record is None:
             self.state.leases.drop_hold(self.manager.lease.id, conversation_id)
             return False
         folders = self.store.folders(conversation_id, quota_mode=record.quota_mode)  # type: ignore[arg-type]
         with self.manager.host_lock(conversation_id):
-            if self._in_use(conversation_id, used_before):
+            if self._in_use(conversation_id, used_before, sandbox_counts=not sandbox_may_run):
                 return False
+            sandbox_runs = sandbox_may_run and bool(self.manager.mounting(conversation_id))
             try:
-                released = self.store.release(folders)
+                released = self.store.release(folders, detach=not sandbox_runs)
             except QuotaError as exc:
                 logger.warning("could not release the quota volume of %s: %s", conversation_id, exc)
                 return False
@@ -91,9 +96,10 @@ class QuotaVolumes:
         finally:
             lock.release()
 
-    def _in_use(self, conversation_id: str, used_before: float | None) -> bool:
+    def _in_use(self, conversation_id: str, used_before: float | None, *, sandbox_counts: bool = True) -> bool:
         """Whether the volume must stay mounted: a look reads it, this process used it after ``used_before``, a
-        sandbox has it mounted, or another live process holds it; under the conversation's host-wide lock."""
+        sandbox has it mounted (unless not ``sandbox_counts``), or another live process holds it; under the
+        conversation's host-wide lock."""
         with self._looking_guard:
             if self._looking.get(conversation_id):
                 return True
@@ -101,7 +107,7 @@ class QuotaVolumes:
         mine = own_hold(holds, self.manager.lease.id)
         if used_before is not None and mine is not None and mine.used_at > used_before:
             return True  # used lately: stays mounted until it is idle
-        if self.manager.mounting(conversation_id):
+        if sandbox_counts and self.manager.mounting(conversation_id):
             return True  # a sandbox has it mounted (this process's hold, if any, stays with it)
         if any(h.lease_id != self.manager.lease.id for h in holds):
             self.state.leases.drop_hold(self.manager.lease.id, conversation_id)  # the last live holder releases it
@@ -136,6 +142,26 @@ class QuotaVolumes:
             if hold.container_id is not None and hold.container_id in using:
                 continue  # its sandbox runs; reaped (and then released) when idle
             self.release_if_free(hold.conversation_id, used_before=idle_before)
+
+    def release_held(self) -> list[str]:
+        """At this process's close: unmount the volume of every conversation it holds, unless another live process
+        holds it too (that one releases it), a look reads it, or a call still running here uses it (its lock is
+        taken: logged). A conversation's sandbox keeps running on its own mount of the filesystem (its loop device
+        stays attached until the sandbox ends); the next process to use the conversation mounts the same device
+        again. Returns the conversations released."""
+        released = []
+        for hold in self.state.leases.holds(lease_id=self.manager.lease.id):
+            conversation_id = hold.conversation_id
+            lock = self.manager.lock(conversation_id)
+            if not lock.acquire(timeout=_CLOSE_LOCK_WAIT_S):
+                logger.warning("left the volume of %s mounted: a call still running uses it", conversation_id)
+                continue
+            try:
+                if self.release(conversation_id, sandbox_may_run=True):
+                    released.append(conversation_id)
+            finally:
+                lock.release()
+        return released
 
     def release_unrecorded(self, conversation_id: str) -> None:
         """Release the loop volume of a conversation the state database does not know (its sandbox was just

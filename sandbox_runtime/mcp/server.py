@@ -62,6 +62,7 @@ from sandbox_runtime.mcp.results import (
     call_result,
     tool_listing,
 )
+from sandbox_runtime.mcp.shutdown import CallsInFlight
 from sandbox_runtime.mcp.stdio_client import ClientProcess
 from sandbox_runtime.mcp.task_methods import TaskMethods, TaskWork
 from sandbox_runtime.mcp.tasks import TaskServer, TaskStore
@@ -109,6 +110,7 @@ class McpService:
         self.default_conversation = validate_conversation_id(conversation or default_conversation(transport, token))
         self.gate = TurnGate(runtime.dispatcher, wait_s=_TURN_WAIT_S)
         self.tasks = TaskStore(runtime.policy.mcp, runtime.workers.submit)
+        self.calls = CallsInFlight()  # what a stop waits for, then cancels (see mcp.shutdown)
         self.server: Server[Any] = TaskServer(
             name,
             version=_version(),
@@ -132,6 +134,7 @@ class McpService:
         self, ctx: ServerRequestContext[Any], params: types.CallToolRequestParams
     ) -> types.CallToolResult:
         self._known_tool(params.name)
+        self._taking_calls()
         meta = dict(ctx.meta or {})
         try:
             conversation = self.conversation_of(meta)
@@ -146,6 +149,10 @@ class McpService:
             logger.info("tools/call %s in %s was cancelled by the client", params.name, conversation)
             raise
 
+    def _taking_calls(self) -> None:
+        if self.calls.stopping:
+            raise MCPError(code=-32000, message="the server is stopping; send the call again to its successor")
+
     def _known_tool(self, name: str) -> None:
         if name not in self.runtime.tools:
             known = ", ".join(self.runtime.tools)
@@ -159,29 +166,36 @@ class McpService:
         control: CallControl,
         approver: Approver | None,
     ) -> types.CallToolResult:
-        """One call through the dispatch pipeline, in a worker thread: the ``CallToolResult`` it answers."""
-        try:
-            call_id = meta.get(META_CALL_ID)
-            turn = meta.get(META_TURN)
-            item = ToolCall(
-                tool=params.name,
-                arguments=dict(params.arguments or {}),
-                call_id=None if call_id is None else str(call_id),
+        """One call through the dispatch pipeline, in a worker thread: the ``CallToolResult`` it answers. While it
+        runs it is in flight (a stop waits for it, then cancels it)."""
+        with self.calls.running(control):
+            try:
+                call_id = meta.get(META_CALL_ID)
+                turn = meta.get(META_TURN)
+                item = ToolCall(
+                    tool=params.name,
+                    arguments=dict(params.arguments or {}),
+                    call_id=None if call_id is None else str(call_id),
+                )
+                outcome, report = self.gate.run(
+                    conversation,
+                    item,
+                    turn_id=None if turn is None else str(turn),
+                    approver=approver,
+                    control=control,
+                )
+            except (
+                InvalidToolArguments,
+                InvalidConversationId,
+            ) as exc:  # the request's own values: the model reads why
+                return _error_result(f"{type(exc).__name__}: {exc}")
+            except SandboxRuntimeError as exc:
+                logger.warning("tools/call %s failed in the runtime: %s", params.name, exc)
+                return _error_result(f"The runtime could not run {params.name}: {type(exc).__name__}: {exc}")
+            mount = self.runtime.policy.sandbox.results_mount_path
+            return types.CallToolResult.model_validate(
+                call_result(outcome, conversation, mount, turn_id=report.turn_id)
             )
-            outcome, report = self.gate.run(
-                conversation,
-                item,
-                turn_id=None if turn is None else str(turn),
-                approver=approver,
-                control=control,
-            )
-        except (InvalidToolArguments, InvalidConversationId) as exc:  # the request's own values: the model reads why
-            return _error_result(f"{type(exc).__name__}: {exc}")
-        except SandboxRuntimeError as exc:
-            logger.warning("tools/call %s failed in the runtime: %s", params.name, exc)
-            return _error_result(f"The runtime could not run {params.name}: {type(exc).__name__}: {exc}")
-        mount = self.runtime.policy.sandbox.results_mount_path
-        return types.CallToolResult.model_validate(call_result(outcome, conversation, mount, turn_id=report.turn_id))
 
     # ------------------------------------------------------------------------------------------ tasks
     def may_be_task(self, tool: str) -> bool:
@@ -190,6 +204,7 @@ class McpService:
 
     def task_work(self, ctx: ServerRequestContext[Any], params: types.CallToolRequestParams) -> TaskWork:
         self._known_tool(params.name)
+        self._taking_calls()
         if not self.may_be_task(params.name):
             raise MCPError(code=types.METHOD_NOT_FOUND, message=f"{params.name} cannot be called as a task")
         meta = dict(ctx.meta or {})

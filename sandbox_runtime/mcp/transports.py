@@ -9,14 +9,21 @@ time) or gets 401.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
+import functools
 import hmac
 import ipaddress
 import logging
+import os
 import socket
-from collections.abc import Callable
-from typing import Any
+import threading
+from collections.abc import Callable, Iterator
+from typing import IO, Any
 
 import anyio
+import anyio.from_thread
+import anyio.lowlevel
 import uvicorn
 from mcp.server.runner import serve_loop
 from mcp.server.stdio import stdio_server
@@ -25,6 +32,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from sandbox_runtime.errors import PolicyError
 from sandbox_runtime.mcp.server import McpService
+from sandbox_runtime.mcp.shutdown import RefuseWhileStopping, serve_until_signalled
 
 __all__ = [
     "BearerTokenAuth",
@@ -40,6 +48,7 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 MCP_HTTP_PATH = "/mcp"
+_LAST_ANSWERS_S = 1.0  # when a stop ends the transport: how long the answers already given have to be sent
 
 
 class BearerTokenAuth:
@@ -82,13 +91,87 @@ def serve_stdio(service: McpService) -> None:
     2026-07-28 protocol falls back to ``initialize`` — and approvals can be asked by elicitation.
     """
     server = service.server
+    grace_s = service.runtime.policy.mcp.shutdown_grace_s
 
     async def main() -> None:
-        async with stdio_server() as (read_stream, write_stream), server.lifespan(server) as state:
-            options = server.create_initialization_options()
-            await serve_loop(server, read_stream, write_stream, lifespan_state=state, init_options=options)
+        with _wire() as (wire_in, wire_out), anyio.CancelScope() as serving:  # a stop cancels it all, reader too
+            lines = _WireLines(wire_in)
+            try:
+                async with (
+                    stdio_server(lines, anyio.wrap_file(wire_out)) as (read_stream, write_stream),
+                    server.lifespan(server) as state,
+                ):
+                    options = server.create_initialization_options()
+
+                    async def serve() -> None:
+                        await serve_loop(server, read_stream, write_stream, lifespan_state=state, init_options=options)
+
+                    async def stop() -> None:
+                        await anyio.sleep(_LAST_ANSWERS_S)  # the answers of the calls that just ended reach stdout
+                        serving.cancel()
+
+                    await serve_until_signalled(serve, stop, service.calls, grace_s=grace_s)
+            finally:
+                lines.close_streams()
 
     anyio.run(main)
+
+
+class _WireLines(anyio.AsyncFile[str]):
+    """The wire's input, line by line, read by a daemon thread of its own: a stop does not wait for a read of a
+    pipe the client keeps open (it cannot be interrupted), and the process exits without joining it. Made inside
+    the event loop."""
+
+    def __init__(self, fp: IO[str]) -> None:
+        super().__init__(fp)
+        self._send, self._receive = anyio.create_memory_object_stream[str](0)
+        self._token = anyio.lowlevel.current_token()
+        threading.Thread(target=self._pump, name="sandbox-runtime-stdin", daemon=True).start()
+
+    def _pump(self) -> None:
+        try:
+            while True:
+                line = self.wrapped.readline()
+                anyio.from_thread.run(self._send.send, line, token=self._token)
+                if not line:
+                    return
+        except Exception:  # the loop ended (a stop): nobody reads any more
+            return
+
+    async def readline(self) -> str:
+        try:
+            return await self._receive.receive()
+        except anyio.EndOfStream:
+            return ""
+
+    def close_streams(self) -> None:
+        self._send.close()
+        self._receive.close()
+
+
+@contextlib.contextmanager
+def _wire() -> Iterator[tuple[IO[str], IO[str]]]:
+    """The protocol's stdin and stdout, on descriptors of their own: while serving, fd 0 reads the null device and
+    fd 1 writes to stderr, so a handler's or a child's stray read or print never touches the wire; both are
+    restored afterwards."""
+    wire_in = fcntl.fcntl(0, fcntl.F_DUPFD_CLOEXEC, 3)
+    wire_out = fcntl.fcntl(1, fcntl.F_DUPFD_CLOEXEC, 3)
+    null = os.open(os.devnull, os.O_RDONLY)
+    try:
+        os.dup2(null, 0)
+        os.dup2(2, 1)
+    finally:
+        os.close(null)
+    reader = open(wire_in, encoding="utf-8", errors="replace", closefd=False)  # noqa: SIM115  (its fd stays open for a reader left behind)
+    writer = open(wire_out, "w", encoding="utf-8", closefd=True)  # noqa: SIM115  (closed below, after the restore)
+    try:
+        yield reader, writer
+    finally:
+        with contextlib.suppress(OSError):
+            writer.flush()
+        os.dup2(wire_in, 0)
+        os.dup2(wire_out, 1)
+        writer.close()
 
 
 def check_exposure(host: str, token: str | None, token_variable: str) -> None:
@@ -170,4 +253,25 @@ def serve_http(
         if on_ready is not None:
             shown = f"[{bound_host}]" if ":" in bound_host else bound_host
             on_ready(f"http://{shown}:{bound_port}{MCP_HTTP_PATH}")
-        uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on")).run(sockets=[bound])
+        mcp = service.runtime.policy.mcp
+        app = RefuseWhileStopping(app, service.calls, mcp.shutdown_retry_after_s)
+        config = uvicorn.Config(
+            app, log_level="warning", lifespan="on", timeout_graceful_shutdown=int(_LAST_ANSWERS_S) + 1
+        )
+        server = _Server(config)
+
+        async def serve() -> None:
+            await server.serve(sockets=[bound])
+
+        async def stop() -> None:
+            server.should_exit = True  # uvicorn sends what is being answered (bounded), then ends
+
+        anyio.run(functools.partial(serve_until_signalled, serve, stop, service.calls, grace_s=mcp.shutdown_grace_s))
+
+
+class _Server(uvicorn.Server):
+    """uvicorn's server, its signals left to :func:`serve_until_signalled` (which drains before stopping)."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield

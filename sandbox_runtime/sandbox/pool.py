@@ -40,6 +40,9 @@ __all__ = ["Pooled", "SlotFolders", "WarmPool"]
 logger = logging.getLogger(__name__)
 
 _TEND_INTERVAL_MAX_S = 60.0  # the job also looks unasked this often (stale or stopped sandboxes, a retry)
+# close waits this long for a start in flight (a self-check, a sandbox start and its executor: seconds; a loaded
+# host: tens); what is left after it is removed by the owner's close all the same (its slots, by lease)
+_CLOSE_WAIT_S = 120.0
 
 
 class Pooled(NamedTuple):
@@ -80,6 +83,7 @@ class WarmPool:
         self._ready: collections.deque[Pooled] = collections.deque()
         self._changed = threading.Condition()
         self._failed_at: float | None = None
+        self._starting = 0  # starts in flight in the job (close waits for them: what they made goes too)
         self._closed = False
         self.wake: Callable[[], None] = lambda: None  # set by whoever runs tend() as a job
 
@@ -125,30 +129,41 @@ class WarmPool:
         """One round of the pool's job: remove sandboxes that waited too long or stopped, then start new ones until
         ``size`` wait (not within ``retry_after_s`` of a failed start)."""
         self._retire_unfit()
-        while not self._closed:
+        while True:
             with self._changed:
-                if len(self._ready) >= self.size:
+                if self._closed or len(self._ready) >= self.size:
                     return
-            if self._failed_at is not None and self._clock() - self._failed_at < self._policy.retry_after_s:
-                return
+                if self._failed_at is not None and self._clock() - self._failed_at < self._policy.retry_after_s:
+                    return
+                self._starting += 1
             try:
-                pooled = self._start_one()
-            except (SandboxRuntimeError, OSError) as exc:
-                self._failed_at = self._clock()
-                logger.warning(
-                    "the warm pool could not start a sandbox (trying again in %g s): %s",
-                    self._policy.retry_after_s,
-                    exc,
-                )
-                return
-            self._failed_at = None
-            with self._changed:
-                keep = not self._closed
-                if keep:
-                    self._ready.append(pooled)
+                if not self._start_and_keep():
+                    return
+            finally:
+                with self._changed:
+                    self._starting -= 1
                     self._changed.notify_all()
-            if not keep:
-                self._remove(pooled, "the pool closed while it started")
+
+    def _start_and_keep(self) -> bool:
+        """Start one sandbox and keep it ready (removed at once when the pool closed meanwhile); False when the
+        start failed."""
+        try:
+            pooled = self._start_one()
+        except (SandboxRuntimeError, OSError) as exc:
+            self._failed_at = self._clock()
+            logger.warning(
+                "the warm pool could not start a sandbox (trying again in %g s): %s", self._policy.retry_after_s, exc
+            )
+            return False
+        self._failed_at = None
+        with self._changed:
+            keep = not self._closed
+            if keep:
+                self._ready.append(pooled)
+                self._changed.notify_all()
+        if not keep:
+            self._remove(pooled, "the pool closed while it started")
+        return True
 
     def _start_one(self) -> Pooled:
         slot = secrets.token_hex(8)
@@ -193,7 +208,8 @@ class WarmPool:
         logger.info("removed pooled sandbox %s: %s", pooled.container_id[:12], reason)
 
     def close(self) -> None:
-        """Remove every sandbox still waiting, with its slot; the pool starts none after this."""
+        """Remove every sandbox still waiting, with its slot, and wait (up to ``_CLOSE_WAIT_S``) for a start in
+        flight, which removes what it made once it sees the pool closed; the pool starts none after this."""
         with self._changed:
             self._closed = True
             waiting = list(self._ready)
@@ -202,5 +218,8 @@ class WarmPool:
         for pooled in waiting:
             try:
                 self._remove(pooled, "the pool closed")
-            except SandboxRuntimeError as exc:
+            except (SandboxRuntimeError, OSError) as exc:
                 logger.warning("could not remove pooled sandbox %s: %s", pooled.container_id[:12], exc)
+        with self._changed:
+            if not self._changed.wait_for(lambda: self._starting == 0, timeout=_CLOSE_WAIT_S):
+                logger.warning("a pooled sandbox was still starting %g s after the pool closed", _CLOSE_WAIT_S)

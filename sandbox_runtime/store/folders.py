@@ -141,13 +141,14 @@ class ConversationStore:
         if made:
             self._make_subfolders(folders.results, uid, gid)
 
-    def release(self, folders: ConversationFolders) -> bool:
+    def release(self, folders: ConversationFolders, *, detach: bool = True) -> bool:
         """Unmount the quota filesystem and detach its loop device; the folders stay and the next ``prepare``
         mounts them again. False (still mounted, logged) when the filesystem is busy; True in measured mode.
-        The caller makes sure no sandbox uses the folder."""
+        The caller makes sure no sandbox uses the folder, or says ``detach=False`` (a sandbox keeps its own mount,
+        and the device stays for it)."""
         if folders.quota_mode != "loop":
             return True
-        released = release_loop_quota(folders.volume, folders.results)
+        released = release_loop_quota(folders.volume, folders.results, detach=detach)
         if released:
             logger.info("released the quota volume of %s", folders.conversation_id)
         return released

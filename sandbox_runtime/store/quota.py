@@ -159,13 +159,15 @@ def unmount_loop_quota(mountpoint: Path, image: Path) -> None:
         raise QuotaError(f"{mountpoint} is in use (target is busy): close what has files open in it and try again")
 
 
-def release_loop_quota(image: Path, mountpoint: Path) -> bool:
+def release_loop_quota(image: Path, mountpoint: Path, *, detach: bool = True) -> bool:
     """Unmount the conversation's filesystem and detach every loop device backed by its image.
 
     False (nothing changed, and logged) when the filesystem is busy: something still has a file open in it, so
     it stays mounted. True when it is not mounted any more (a loop device that some other mount namespace still
     uses cannot be detached from here: that is logged). A mount at ``mountpoint`` that is not this image's loop
-    device is never touched (raises :class:`QuotaError`)."""
+    device is never touched (raises :class:`QuotaError`). ``detach=False``: only the host's mount goes, for a
+    filesystem a running sandbox still has mounted (its loop device clears itself when that ends, and a mount of
+    the image meanwhile uses the same device: one filesystem, never two)."""
     for _ in range(_MAX_STACKED_MOUNTS):
         if not os.path.ismount(mountpoint):
             break
@@ -182,7 +184,8 @@ def release_loop_quota(image: Path, mountpoint: Path) -> bool:
             raise QuotaError(f"umount {mountpoint} failed: {said}")
     else:
         raise QuotaError(f"{mountpoint} is still mounted after {_MAX_STACKED_MOUNTS} unmounts")
-    _detach(image)
+    if detach:
+        _detach(image)
     return True
 
 

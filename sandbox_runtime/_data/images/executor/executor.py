@@ -524,18 +524,20 @@ def _become_main(argv, cwd):
         raise SystemExit(2) from None
     try:
         code = compile(source, script, "exec", dont_inherit=True)
-    except (SyntaxError, ValueError):
-        etype, value, _tb = sys.exc_info()
-        sys.excepthook(etype, value, None)
+    except (SyntaxError, ValueError) as exc:
+        # as ``python script.py`` shows it: the error alone, no frame (the hook prints the exception's own
+        # traceback, so this frame is taken off the exception itself, not only off the argument)
+        sys.excepthook(type(exc), exc.with_traceback(None), None)
         raise SystemExit(1) from None
     try:
         exec(code, main.__dict__)  # noqa: S102  (this is the run: the script's code, in its own process)
     except SystemExit as exc:
         _exit(exc.code)
-    except BaseException:
-        etype, value, tb = sys.exc_info()
-        sys.excepthook(etype, value, tb.tb_next if tb is not None else None)
-        _exit(130 if etype is KeyboardInterrupt else 1)
+    except BaseException as exc:
+        # the script's frames only, from its module on: this function's frame is not the script's
+        tb = exc.__traceback__.tb_next if exc.__traceback__ is not None else None
+        sys.excepthook(type(exc), exc.with_traceback(tb), tb)
+        _exit(130 if isinstance(exc, KeyboardInterrupt) else 1)
     _exit(0)
 
 
