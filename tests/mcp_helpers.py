@@ -9,6 +9,7 @@ import queue
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -63,26 +64,12 @@ def stdio_params(state_dir: Path, *serve_args: str, policy: Path | None = None) 
 
 
 @contextmanager
-def http_server(
-    state_dir: Path,
-    *serve_args: str,
-    env: dict[str, str] | None = None,
-    policy: Path | None = None,
-    host: str = "127.0.0.1",
-) -> Iterator[str]:
-    """``serve --http HOST:0`` in a subprocess; yields the endpoint URL it printed; stops it by pid. ``env`` is laid
-    over this process's environment, without any token of its own (``env`` may give one)."""
-    shown = f"[{host}]" if ":" in host else host
-    command = serve_command(state_dir, "--http", f"{shown}:0", *serve_args, policy=policy)
-    inherited = {key: value for key, value in os.environ.items() if key != "SANDBOX_RUNTIME_MCP_TOKEN"}
-    process = subprocess.Popen(
-        command,
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-        env={**inherited, **(env or {})},
-    )
+def serve_process(
+    command: list[str], *, stdin: int = subprocess.DEVNULL, env: dict[str, str] | None = None
+) -> Iterator[tuple[subprocess.Popen[str], queue.Queue[str | None]]]:
+    """``serve`` in a subprocess, its stderr echoed and put on a queue line by line (None once it closed); killed by
+    pid if it still runs at the end, its pipes closed."""
+    process = subprocess.Popen(command, stdin=stdin, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     lines: queue.Queue[str | None] = queue.Queue()
 
     def pump() -> None:
@@ -95,24 +82,51 @@ def http_server(
     reader = threading.Thread(target=pump, daemon=True)
     reader.start()
     try:
-        url = None
-        while url is None:
-            line = lines.get(timeout=SERVE_START_S)
-            if line is None:
-                raise AssertionError(f"serve exited with {process.wait(timeout=10)} before it was ready")
-            if line.startswith("serving MCP at "):
-                url = line.removeprefix("serving MCP at ").strip()
-        yield url
+        yield process, lines
     finally:
-        process.terminate()
-        try:
-            process.wait(timeout=30)
-        except subprocess.TimeoutExpired:
+        if process.poll() is None:
             process.kill()
-            process.wait(timeout=10)
+        process.wait(timeout=30)
         reader.join(timeout=10)
-        assert process.stderr is not None
-        process.stderr.close()
+        for pipe in (process.stdin, process.stdout, process.stderr):
+            if pipe is not None:
+                pipe.close()
+
+
+def line_starting(lines: queue.Queue[str | None], start: str, *, within_s: float = SERVE_START_S) -> str:
+    """The rest of the first line of ``serve``'s stderr that starts with ``start`` (bounded)."""
+    deadline = time.monotonic() + within_s
+    while True:
+        line = lines.get(timeout=max(0.1, deadline - time.monotonic()))
+        if line is None:
+            raise AssertionError(f"serve ended before it printed {start!r}")
+        if line.startswith(start):
+            return line.removeprefix(start).strip()
+
+
+@contextmanager
+def http_server(
+    state_dir: Path,
+    *serve_args: str,
+    env: dict[str, str] | None = None,
+    policy: Path | None = None,
+    host: str = "127.0.0.1",
+) -> Iterator[str]:
+    """``serve --http HOST:0`` in a subprocess; yields the endpoint URL it printed; stops it by pid (SIGTERM, then
+    SIGKILL). ``env`` is laid over this process's environment, without any token of its own (``env`` may give
+    one)."""
+    shown = f"[{host}]" if ":" in host else host
+    command = serve_command(state_dir, "--http", f"{shown}:0", *serve_args, policy=policy)
+    inherited = {key: value for key, value in os.environ.items() if key != "SANDBOX_RUNTIME_MCP_TOKEN"}
+    with serve_process(command, env={**inherited, **(env or {})}) as (process, lines):
+        try:
+            yield line_starting(lines, "serving MCP at ")
+        finally:
+            process.terminate()
+            try:
+                process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                process.kill()
 
 
 def text_of(result: types.CallToolResult) -> str:

@@ -10,11 +10,7 @@ import queue
 import signal
 import sqlite3
 import subprocess
-import sys
-import threading
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +23,7 @@ from mcp.client.streamable_http import streamable_http_client
 from sandbox_runtime.sandbox.docker_backend import DockerBackend
 from sandbox_runtime.sandbox.profile import LABEL_CONVERSATION, LABEL_POOL_SLOT, LABEL_STATE_DIR
 from tests.conftest import SESSION, TEST_LABEL, RuntimeFactory
-from tests.mcp_helpers import SERVE_START_S, request_meta, run_bounded, serve_command, text_of
+from tests.mcp_helpers import line_starting, request_meta, run_bounded, serve_command, serve_process, text_of
 
 GRACE_S = 6.0
 STOPPED_WITHIN_S = 90.0  # the grace, the cancelled run's end, the pool's removal and the unmounts
@@ -41,43 +37,6 @@ def _script(marker: str, sleep_s: float) -> str:
         f"time.sleep({sleep_s})\n"
         "print('finished')\n"
     )
-
-
-@contextmanager
-def _server(command: list[str], *, stdin: int = subprocess.DEVNULL) -> Iterator[tuple[subprocess.Popen[str], Any]]:
-    """The server process and a queue of its stderr lines (None at its end); killed if a test left it running."""
-    process = subprocess.Popen(command, stdin=stdin, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    lines: queue.Queue[str | None] = queue.Queue()
-
-    def pump() -> None:
-        assert process.stderr is not None
-        for line in process.stderr:
-            sys.stderr.write(f"[serve] {line}")
-            lines.put(line)
-        lines.put(None)
-
-    reader = threading.Thread(target=pump, daemon=True)
-    reader.start()
-    try:
-        yield process, lines
-    finally:
-        if process.poll() is None:
-            process.kill()
-        process.wait(timeout=30)
-        reader.join(timeout=10)
-        for stream in (process.stdin, process.stdout, process.stderr):
-            if stream is not None:
-                stream.close()
-
-
-def _wait_for_line(lines: queue.Queue[str | None], start: str) -> str:
-    deadline = time.monotonic() + SERVE_START_S
-    while True:
-        line = lines.get(timeout=max(0.1, deadline - time.monotonic()))
-        if line is None:
-            raise AssertionError(f"serve ended before it printed {start!r}")
-        if line.startswith(start):
-            return line.removeprefix(start).strip()
 
 
 def _containers(backend: DockerBackend, state: Path) -> list[Any]:
@@ -118,8 +77,8 @@ def test_sigterm_to_an_http_server_drains_its_calls_cancels_the_late_one_cleans_
 ) -> None:
     state = served_state
     command = serve_command(state, "--http", "127.0.0.1:0", policy=_policy(tmp_path))
-    with _server(command) as (process, lines):
-        url = _wait_for_line(lines, "serving MCP at ")
+    with serve_process(command) as (process, lines):
+        url = line_starting(lines, "serving MCP at ")
         _wait_for_pool(docker_backend, state, 2)
         seen: dict[str, Any] = {}
 
@@ -145,7 +104,7 @@ def test_sigterm_to_an_http_server_drains_its_calls_cancels_the_late_one_cleans_
                     process.send_signal(signal.SIGTERM)
                     seen["signalled_at"] = time.monotonic()
                     with anyio.fail_after(30):
-                        while not any(line and "SIGTERM: stopping" in line for line in list(lines.queue)):
+                        while not _said(lines, "SIGTERM: stopping"):
                             await anyio.sleep(0.05)
                     refused = await http.post(
                         url,
@@ -176,6 +135,57 @@ def test_sigterm_to_an_http_server_drains_its_calls_cancels_the_late_one_cleans_
     assert [c.status for c in runtime.conversation("stop-long").calls()] == ["cancelled"]
 
 
+def _said(lines: queue.Queue[str | None], text: str) -> bool:
+    return any(line and text in line for line in list(lines.queue))
+
+
+def test_a_second_signal_cancels_at_once_instead_of_waiting_out_the_grace(
+    runtime_factory: RuntimeFactory, docker_backend: DockerBackend, served_state: Path, tmp_path: Path
+) -> None:
+    state = served_state
+    policy = tmp_path / "patient.toml"
+    policy.write_text("[mcp]\nshutdown_grace_s = 600.0\n")  # the first signal alone would wait 10 minutes
+    command = serve_command(state, "--http", "127.0.0.1:0", policy=policy)
+    with serve_process(command) as (process, lines):
+        url = line_starting(lines, "serving MCP at ")
+        seen: dict[str, Any] = {}
+
+        async def scenario() -> None:
+            async with (
+                httpx2.AsyncClient(timeout=120) as http,
+                Client(streamable_http_client(url, http_client=http), mode="legacy") as client,
+            ):
+
+                async def call() -> None:
+                    meta = request_meta({"sandbox-runtime/conversation": "impatient"})
+                    code = _script("under-way", 600.0)
+                    seen["long"] = await client.call_tool("run_python", {"code": code}, meta=meta)
+
+                async with anyio.create_task_group() as group:
+                    group.start_soon(call)
+                    await _until_exists(state / "conversations" / "impatient" / "results" / "under-way")
+                    process.send_signal(signal.SIGTERM)
+                    with anyio.fail_after(30):
+                        while not _said(lines, "SIGTERM: stopping"):
+                            await anyio.sleep(0.05)
+                    seen["second_at"] = time.monotonic()
+                    process.send_signal(signal.SIGTERM)
+
+        run_bounded(scenario, limit_s=STOPPED_WITHIN_S + POOL_READY_S)
+        assert process.wait(timeout=STOPPED_WITHIN_S) == 0
+        stopped_at = time.monotonic()
+
+    assert stopped_at - seen["second_at"] < 60  # far from the 600 s grace
+    long = seen["long"]
+    assert isinstance(long, types.CallToolResult)
+    assert long.is_error
+    assert "cancel" in text_of(long).lower()
+    assert _mounts_under(state) == []
+    assert _leases(state) == 0
+    runtime = runtime_factory(state_dir=state)
+    assert [c.status for c in runtime.conversation("impatient").calls()] == ["cancelled"]
+
+
 def test_sigint_to_a_stdio_server_answers_its_call_as_cancelled_and_exits_0(
     runtime_factory: RuntimeFactory, docker_backend: DockerBackend, served_state: Path, tmp_path: Path
 ) -> None:
@@ -183,7 +193,7 @@ def test_sigint_to_a_stdio_server_answers_its_call_as_cancelled_and_exits_0(
     policy = tmp_path / "stopping.toml"
     policy.write_text("[mcp]\nshutdown_grace_s = 1.0\n")
     command = serve_command(state, "--conversation", "stdio-stopped", policy=policy)
-    with _server(command, stdin=subprocess.PIPE) as (process, _lines):
+    with serve_process(command, stdin=subprocess.PIPE) as (process, _lines):
         assert process.stdin is not None
         assert process.stdout is not None
 
