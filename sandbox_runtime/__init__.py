@@ -45,7 +45,7 @@ from sandbox_runtime.models import (
 )
 from sandbox_runtime.pipeline.approval import ApprovalRequest
 from sandbox_runtime.policy import Policy, load_policy
-from sandbox_runtime.sandbox.fake_backend import FakeBackend
+from sandbox_runtime.sandbox.fake.backend import FakeBackend
 from sandbox_runtime.spill.streamed import TableStream
 from sandbox_runtime.tools.host import HostCall
 from sandbox_runtime.tools.run_python import RunPythonResult

@@ -67,6 +67,12 @@ class SandboxLimits(_Model):
 class SandboxPolicy(_Model):
     """How sandbox containers are made and how long they live."""
 
+    backend: Literal["docker", "fake"] = Field(
+        "docker",
+        description="The engine sandboxes run on: 'docker' (a Docker engine, or any engine speaking its API; "
+        "DOCKER_HOST is honoured) or 'fake' (no engine: code runs as host processes and nothing is confined; for "
+        "testing an integration).",
+    )
     runtime: Literal["runc", "runsc"] = Field("runc", description="OCI runtime; 'runsc' is gVisor.")
     image: str | None = Field(None, description="Executor image; None means the locally built content tag.")
     uid: int = Field(10001, gt=0, description="Non-root uid the code runs as (never 0).")

@@ -26,7 +26,7 @@ import docker
 import openpyxl
 import pytest
 
-from sandbox_runtime.sandbox.docker_backend import DockerBackend
+from sandbox_runtime.sandbox.docker.backend import DockerBackend
 from sandbox_runtime.sandbox.profile import LABEL_STATE_DIR
 from tests.clients.walk import (
     EXCEPTION_LINE,

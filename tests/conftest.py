@@ -5,7 +5,7 @@ at the end, even when a test failed. Without an engine the Docker tests are skip
 then they fail, so CI can never pass without running them.
 
 Tests that never start a container use ``fake_runtime_factory`` (the shipped
-:class:`~sandbox_runtime.sandbox.fake_backend.FakeBackend`: no engine at all). Every test that needs the engine
+:class:`~sandbox_runtime.sandbox.fake.backend.FakeBackend`: no engine at all). Every test that needs the engine
 is marked ``docker`` here, and every other test runs with the engine out of reach (``DOCKER_HOST`` names a socket
 that does not exist, for the test and the processes it starts): one that still reached for the engine would fail,
 so ``pytest -m "not docker"`` is the part that runs on a machine with no engine.
@@ -24,8 +24,8 @@ import pytest
 from sandbox_runtime.api.runtime import Runtime
 from sandbox_runtime.errors import EngineUnavailable
 from sandbox_runtime.policy import Policy, load_policy
-from sandbox_runtime.sandbox.docker_backend import DockerBackend
-from sandbox_runtime.sandbox.fake_backend import FakeBackend
+from sandbox_runtime.sandbox.docker.backend import DockerBackend
+from sandbox_runtime.sandbox.fake.backend import FakeBackend
 from sandbox_runtime.sandbox.image import build_executor_image, executor_image_tag
 from sandbox_runtime.sandbox.profile import LABEL_RUNTIME
 from sandbox_runtime.store.quota import QuotaMode

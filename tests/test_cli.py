@@ -17,7 +17,7 @@ import pytest
 
 from sandbox_runtime.api.runtime import Runtime
 from sandbox_runtime.errors import EngineUnavailable
-from sandbox_runtime.sandbox.docker_backend import DockerBackend
+from sandbox_runtime.sandbox.docker.backend import DockerBackend
 from sandbox_runtime.sandbox.profile import LABEL_CONVERSATION
 from tests.conftest import SESSION, TEST_LABEL
 from tests.mcp_helpers import serve_command

@@ -16,7 +16,7 @@ from sandbox_runtime.api.runtime import Runtime
 from sandbox_runtime.errors import InvalidConversationId, SelfCheckFailed
 from sandbox_runtime.policy import load_policy, policy_from_mapping
 from sandbox_runtime.sandbox.backend import SandboxBackend
-from sandbox_runtime.sandbox.docker_backend import DockerBackend
+from sandbox_runtime.sandbox.docker.backend import DockerBackend
 from sandbox_runtime.sandbox.manager import Removal
 from sandbox_runtime.sandbox.profile import LABEL_CONVERSATION, LABEL_RUNTIME, LABEL_STATE_DIR
 from sandbox_runtime.store.quota import attached_loop_images, loop_quota_unavailable_reason

@@ -22,6 +22,7 @@ UNIT_SUFFIXES = (
     "uid",
     "gid",
     "runtime",
+    "backend",
     "image",
     "path",
     "name",

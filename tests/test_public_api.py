@@ -33,7 +33,7 @@ def test_only_the_docker_backend_imports_docker() -> None:
         for path in PACKAGE.rglob("*.py")
         if "_data" not in path.parts and any(name.split(".")[0] == "docker" for name in _imports(path))
     )
-    assert importers == ["sandbox/docker_backend.py"]
+    assert importers == ["sandbox/docker/backend.py"]
 
 
 # the layers, lowest first (ARCHITECTURE.md): a module may import its own layer and those below it, never above
@@ -79,3 +79,18 @@ def test_every_module_is_in_a_layer_and_imports_only_its_own_or_lower_ones() -> 
 def test_every_public_name_has_a_docstring() -> None:
     missing = [name for name in sandbox_runtime.__all__ if not (getattr(sandbox_runtime, name).__doc__ or "").strip()]
     assert not missing, missing
+
+
+# what tools may use of the sandbox layer: the records of a run and of a sandbox, and the profile's request for a
+# run; never the backend seam, an engine, the manager or the pool (a tool reaches its sandbox through its handle)
+TOOLS_MAY_USE_OF_THE_SANDBOX = frozenset({"sandbox.runs", "sandbox.records", "sandbox.profile"})
+
+
+def test_tools_never_import_the_backend_or_an_engine() -> None:
+    reached = set()
+    for path in sorted((PACKAGE / "tools").rglob("*.py")):
+        for name in _imports(path):
+            parts = name.split(".")
+            if parts[:2] == ["sandbox_runtime", "sandbox"]:
+                reached.add((str(path.relative_to(PACKAGE)), ".".join(parts[1:])))
+    assert {module for _, module in reached} <= TOOLS_MAY_USE_OF_THE_SANDBOX, sorted(reached)

@@ -36,7 +36,7 @@ import pytest
 
 from sandbox_runtime.api.runtime import Conversation, Runtime
 from sandbox_runtime.policy import Policy
-from sandbox_runtime.sandbox.backend import ExecRequest, ExecResult
+from sandbox_runtime.sandbox.backend import ExecRequest, ExecResult, RunnerOutput
 from sandbox_runtime.sandbox.profile import (
     PYTHON,
     RunnerVerdict,
@@ -98,7 +98,8 @@ def _judge(conversation: Conversation, result: ExecResult) -> tuple[ExecResult, 
     container = _container(conversation)
     script, verdict = read_runner_verdict(result)
     oom_before = runtime.backend.oom_kill_count(container)
-    status = run_outcome(runtime.backend, runtime.policy, container, script, verdict, oom_before).status
+    end = runtime.backend.end_of(container, RunnerOutput(script, verdict), oom_before)
+    status = run_outcome(runtime.policy, script, verdict, end).status
     return script, verdict, status
 
 

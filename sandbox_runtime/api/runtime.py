@@ -44,6 +44,7 @@ from sandbox_runtime.pipeline.approval import Approver
 from sandbox_runtime.pipeline.dispatch import Dispatcher
 from sandbox_runtime.policy import Policy, load_policy
 from sandbox_runtime.sandbox.backend import SandboxBackend
+from sandbox_runtime.sandbox.engines import make_backend
 from sandbox_runtime.sandbox.pool import WarmPool
 from sandbox_runtime.sandbox.records import Removal
 from sandbox_runtime.sandbox.selfcheck import SelfCheckReport
@@ -72,7 +73,8 @@ def default_state_dir(environment: Mapping[str, str] | None = None) -> Path:
 class Runtime:
     """Sandboxes and folders of one state directory, under one policy.
 
-    ``backend`` defaults to Docker (``DOCKER_HOST`` honoured). ``extra_labels`` are added to every container
+    ``backend`` defaults to the one the policy's ``sandbox.backend`` names (Docker, ``DOCKER_HOST`` honoured,
+    unless it says otherwise). ``extra_labels`` are added to every container
     (tests use one to clean up by label). At start-up orphans are swept; a background thread reaps idle and
     expired sandboxes every ``reap_interval_s`` seconds (None: no thread; call :meth:`gc`), and another removes
     expired spill, error and argument files every ``retention_interval_s`` seconds ("policy": the policy's
@@ -107,18 +109,14 @@ class Runtime:
         # first: a state database this version cannot open (a newer schema) is refused before anything starts
         self.state = StateDB(self.state_dir / "state.sqlite3")
         try:
-            if backend is None:
-                from sandbox_runtime.sandbox.docker_backend import DockerBackend  # noqa: PLC0415  (lazy: the seam)
-
-                backend = DockerBackend()
-            self.backend = backend
+            self.backend = make_backend(self.policy.sandbox) if backend is None else backend
             if image is None:
                 from sandbox_runtime.sandbox.image import executor_image_tag  # noqa: PLC0415  (a host's own backend needs no image code)
 
                 image = self.policy.sandbox.image or executor_image_tag()
             self.store = ConversationStore(self.state_dir, self.policy)
             self.conversations = ConversationService(
-                backend, self.policy, self.store, self.state, image, extra_labels=extra_labels
+                self.backend, self.policy, self.store, self.state, image, extra_labels=extra_labels
             )
             self.manager = self.conversations.manager  # the containers
         except BaseException:

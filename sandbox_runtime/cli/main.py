@@ -63,12 +63,15 @@ def cmd_doctor(args: argparse.Namespace) -> int:
         limits = runtime.store.outputs_limits()
         if args.json:
             outputs = {"outputs_max_bytes": limits.max_bytes, "outputs_files_max": limits.files_max}
-            print(json.dumps(report.model_dump(mode="json") | {"ok": report.ok, "outputs": outputs}, indent=2))
-            return EXIT_OK if report.ok else EXIT_FAILED
+            ok = report.ok and not report.not_enforced  # a backend that confines nothing is no pass
+            print(json.dumps(report.model_dump(mode="json") | {"ok": ok, "outputs": outputs}, indent=2))
+            return EXIT_OK if ok else EXIT_FAILED
         engine = report.engine
+        if report.not_enforced:
+            return _doctor_unconfined(runtime, report.backend, report.not_enforced)
         print(
-            f"engine   Docker {engine.engine_version} (API {engine.api_version}), runc {engine.runc_version}, "
-            f"{engine.runsc_version or 'runsc not installed'}, "
+            f"engine   {report.backend}: Docker {engine.engine_version} (API {engine.api_version}), "
+            f"runc {engine.runc_version}, {engine.runsc_version or 'runsc not installed'}, "
             f"runtimes: {', '.join(engine.runtimes)}"
         )
         print(
@@ -97,13 +100,31 @@ def cmd_doctor(args: argparse.Namespace) -> int:
         return EXIT_OK
 
 
+def _doctor_unconfined(runtime: Runtime, backend: str, not_enforced: tuple[str, ...]) -> int:
+    """doctor for a backend that confines nothing (the fake): what it leaves out, loudly; exit 1."""
+    print(f"engine   {backend}: no engine; code runs as processes of this host")
+    print(f"policy   {runtime.policy.name} ({runtime.policy.digest()}), state {runtime.state_dir}\n")
+    print(_table([["NOT ENFORCED", said] for said in not_enforced], ["", "protection"]))
+    print(
+        f"\nthe {backend} backend confines nothing: never run untrusted code on it "
+        "(set sandbox.backend = 'docker' for sandboxes)",
+        file=sys.stderr,
+    )
+    return EXIT_FAILED
+
+
 def cmd_image_build(args: argparse.Namespace) -> int:
-    from sandbox_runtime.sandbox.docker_backend import DockerBackend  # noqa: PLC0415  (docker-py loads only when used)
+    from sandbox_runtime.sandbox.backend import ImageBuilder  # noqa: PLC0415  (only this command builds)
+    from sandbox_runtime.sandbox.engines import make_backend  # noqa: PLC0415  (an engine's client loads only when used)
     from sandbox_runtime.sandbox.image import build_executor_image  # noqa: PLC0415  (only this command builds)
 
     started = time.monotonic()
-    backend = DockerBackend()
+    policy = load_policy(args.policy)
+    backend = make_backend(policy.sandbox)
     try:
+        if not isinstance(backend, ImageBuilder):
+            print(f"the {backend.name} backend runs no executor image: nothing to build")
+            return EXIT_OK
         report = build_executor_image(backend, source=args.source, force=args.force, progress=_progress)
     finally:
         backend.close()

@@ -1,15 +1,19 @@
 """What a tool uses of its conversation's sandbox: a :class:`SandboxHandle` (the conversation's lock, its running
-sandbox, its folders, its run numbers, and what may be done to the sandbox after a run), not the services behind
-it."""
+sandbox, its folders, its run numbers, a run and how it ended, and what may be done to the sandbox after a run),
+not the services behind it: no tool sees the backend."""
 
 from __future__ import annotations
 
+import logging
 import threading
 from typing import TYPE_CHECKING
 
+from sandbox_runtime.control import CallControl
+from sandbox_runtime.errors import EngineLost, SandboxGone
 from sandbox_runtime.policy import Policy
-from sandbox_runtime.sandbox.backend import SandboxBackend
+from sandbox_runtime.sandbox.backend import RunRequest, ScriptCalls
 from sandbox_runtime.sandbox.records import Sandbox
+from sandbox_runtime.sandbox.runs import RunResult
 from sandbox_runtime.store.folders import ConversationFolders
 from sandbox_runtime.store.quota import QuotaUsage
 from sandbox_runtime.store.safe_paths import ResultsRoot
@@ -18,6 +22,8 @@ if TYPE_CHECKING:
     from sandbox_runtime.conversations.service import ConversationService
 
 __all__ = ["SandboxHandle"]
+
+logger = logging.getLogger(__name__)
 
 
 class SandboxHandle:
@@ -32,11 +38,6 @@ class SandboxHandle:
     @property
     def policy(self) -> Policy:
         return self._service.policy
-
-    @property
-    def backend(self) -> SandboxBackend:
-        """The engine the sandbox runs on (exec, inspect, counters), for the container ids this handle gives."""
-        return self._manager.backend
 
     def lock(self) -> threading.RLock:
         """The conversation's lock: hold it from the start of a run to its end."""
@@ -62,6 +63,33 @@ class SandboxHandle:
         """A sandbox in place of one the engine says is gone (removed or stopped from outside)."""
         self._manager.forget(self.conversation_id)
         return self.start()
+
+    def run(
+        self,
+        sandbox: Sandbox,
+        request: RunRequest,
+        control: CallControl | None,
+        calls: ScriptCalls | None,
+        *,
+        what: str,
+    ) -> tuple[Sandbox, RunResult]:
+        """Run a program in the sandbox and say how it ended, as data
+        (:meth:`~sandbox_runtime.sandbox.backend.SandboxBackend.run`); the sandbox it ran in comes back with it. A
+        sandbox removed or stopped from outside since this process last used it (nothing ran) is replaced, and
+        the program runs in the new one. An engine that went away during the run raises
+        :class:`~sandbox_runtime.errors.EngineLost`, and the sandbox is never used again (``what``: the run, in
+        words, for the record)."""
+        backend = self._manager.backend
+        try:
+            try:
+                return sandbox, backend.run(sandbox.container_id, request, control, calls)
+            except SandboxGone:
+                logger.info("sandbox of %s is gone; starting a new one", self.conversation_id)
+                sandbox = self.replace()
+                return sandbox, backend.run(sandbox.container_id, request, control, calls)
+        except EngineLost:
+            self.abandon(sandbox, f"the engine went away during {what}")
+            raise
 
     def touch(self, sandbox: Sandbox) -> None:
         """Record a use (idle time counts from now)."""

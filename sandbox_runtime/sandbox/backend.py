@@ -11,18 +11,28 @@ the one place where hardening lives); a confining backend must apply every field
 silently. A backend that does not confine (a test double: ``confines = False``) names, in ``not_enforced``,
 every protection it leaves out; the self-check then reports them instead of probing.
 
-``tests/conformance/`` holds the behaviour every backend must show, run against each one.
+``tests/test_backend_conformance.py`` holds the behaviour every backend must show, run against each one. How a
+run ended is data (:mod:`~sandbox_runtime.sandbox.runs`): :meth:`SandboxBackend.run` returns the engine's word on
+it, settled with the engine's own timings, so nothing above the seam asks the engine after a run.
 """
 
 from __future__ import annotations
 
 import abc
 from collections.abc import Callable
-from typing import Any, ClassVar, Literal, NamedTuple, Protocol
+from typing import Any, ClassVar, Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from sandbox_runtime.control import CallControl
+from sandbox_runtime.sandbox.runs import (
+    ExecResult,
+    RunEnd,
+    RunnerOutput,
+    RunnerVerdict,
+    RunResult,
+    settle_end,
+)
 
 __all__ = [
     "BindMount",
@@ -33,8 +43,10 @@ __all__ = [
     "ExecResult",
     "HostFacts",
     "ImageBuilder",
+    "RunEnd",
     "RunRequest",
     "RunResult",
+    "RunnerOutput",
     "RunnerVerdict",
     "SandboxBackend",
     "ScriptCalls",
@@ -105,40 +117,6 @@ class ExecRequest(_Model):
     deadline_s: float = Field(gt=0, description="Longest wait for the command to finish, in seconds.")
 
 
-class ExecResult(_Model):
-    """What one command did. ``exit_code`` is None when it was still running at the deadline or cap."""
-
-    exit_code: int | None
-    stdout: bytes
-    stderr: bytes
-    stdout_bytes_total: int = Field(description="Bytes seen on stdout, including any past the cap.")
-    stderr_bytes_total: int
-    over_cap: Literal["stdout", "stderr"] | None = None
-    deadline_hit: bool = False
-    container_died: bool = Field(False, description="The container's first process ended during the command.")
-    memory_bytes_seen: int | None = Field(None, description="Highest cgroup memory use sampled during the command.")
-    pids_seen: int | None = Field(None, description="Highest cgroup pids count sampled during the command.")
-    cancelled: bool = Field(
-        False,
-        description="The caller cancelled the command: every process of its uid was ended (or, set before it "
-        "started, it never ran).",
-    )
-    duration_s: float
-
-    @classmethod
-    def cancelled_before_start(cls) -> ExecResult:
-        """The result of a command cancelled before it began: nothing ran."""
-        return cls(
-            exit_code=None,
-            stdout=b"",
-            stderr=b"",
-            stdout_bytes_total=0,
-            stderr_bytes_total=0,
-            cancelled=True,
-            duration_s=0.0,
-        )
-
-
 class RunRequest(_Model):
     """One program to run under the in-sandbox runner: confined (no_new_privs, the runner's seccomp filter,
     RLIMIT_NPROC), stopped at its time limit (SIGTERM, SIGKILL after the grace) or at an output cap, and every
@@ -165,17 +143,6 @@ class RunRequest(_Model):
         return self.stdout_max_bytes + HOST_CAP_MARGIN_BYTES, self.stderr_max_bytes + HOST_CAP_MARGIN_BYTES
 
 
-VerdictName = Literal["exited", "timeout", "output_limit", "not_started", "left_running"]
-
-
-class RunnerVerdict(NamedTuple):
-    """How the in-sandbox runner says a run ended (see ``_data/images/executor/run.py``)."""
-
-    verdict: VerdictName
-    signal: int | None  # ``exited``: the signal that ended the script, if one did
-    stream: Literal["stdout", "stderr"] | None  # ``output_limit``: the stream that passed its cap
-
-
 class ScriptCalls(Protocol):
     """Who answers the tool calls a run makes (``sandbox_tools`` in the image): one JSON line per call, each
     answered, in order, with a JSON object the run reads back. The backend only carries the lines; the answer
@@ -187,14 +154,6 @@ class ScriptCalls(Protocol):
 
     def answer(self, line: bytes | None) -> dict[str, Any]:
         """The reply to one call line (None: the line was longer than ``line_max_bytes``). Must not raise."""
-
-
-class RunResult(NamedTuple):
-    """What a run did, as the script made it (the runner's own words taken off), and the runner's verdict (None:
-    the runner did not see the run through, or the caller cancelled it)."""
-
-    result: ExecResult
-    verdict: RunnerVerdict | None
 
 
 class EngineInfo(_Model):
@@ -231,10 +190,16 @@ ProgressCallback = Callable[[str], None]
 class SandboxBackend(abc.ABC):
     """A container engine. Infrastructure failures raise :class:`~sandbox_runtime.errors.SandboxRuntimeError`."""
 
+    name: ClassVar[str]
+    """The backend's name, as the policy's ``sandbox.backend`` says it."""
     confines: ClassVar[bool] = True
     """Whether every protection of a :class:`ContainerSpec` is applied (or the start refused)."""
     not_enforced: ClassVar[tuple[str, ...]] = ()
     """With ``confines = False``: each protection left out, in words (the self-check reports them)."""
+    removal_settle_s: ClassVar[float] = 1.0
+    """A run that a signal ended: how long the engine is asked whether the sandbox was being removed."""
+    sandbox_end_settle_s: ClassVar[float] = 3.0
+    """A run whose sandbox ended: how long the engine is given to record the end (and an OOM kill)."""
 
     @abc.abstractmethod
     def engine_info(self) -> EngineInfo:
@@ -279,7 +244,6 @@ class SandboxBackend(abc.ABC):
         elapsed, ``request.deadline_s`` as the total, and a line naming the bytes of output so far.
         """
 
-    @abc.abstractmethod
     def run(
         self,
         container_id: str,
@@ -287,6 +251,33 @@ class SandboxBackend(abc.ABC):
         control: CallControl | None = None,
         calls: ScriptCalls | None = None,
     ) -> RunResult:
+        """Run a program (:meth:`run_program`) and say how it ended, as data: what the script did, the runner's
+        verdict, and the engine's word on the end (:class:`RunEnd`: OOM kills during the run, the sandbox removed
+        or ended by the OOM killer), settled with this engine's timings. Errors as for :meth:`exec`."""
+        oom_before = self.oom_kill_count(container_id)
+        output = self.run_program(container_id, request, control, calls)
+        return RunResult(output.result, output.verdict, self.end_of(container_id, output, oom_before))
+
+    def end_of(self, container_id: str, output: RunnerOutput, oom_before: int | None) -> RunEnd:
+        """The engine's word on how a run ended (``oom_before``: the OOM kill count before it), settled with this
+        engine's timings (:func:`~sandbox_runtime.sandbox.runs.settle_end`)."""
+        return settle_end(
+            self,
+            container_id,
+            output,
+            oom_before,
+            removal_settle_s=self.removal_settle_s,
+            sandbox_end_settle_s=self.sandbox_end_settle_s,
+        )
+
+    @abc.abstractmethod
+    def run_program(
+        self,
+        container_id: str,
+        request: RunRequest,
+        control: CallControl | None = None,
+        calls: ScriptCalls | None = None,
+    ) -> RunnerOutput:
         """Run a program under the in-sandbox runner (see :class:`RunRequest`), with the host's own caps and
         deadline as backstops; the errors and ``control`` are as for :meth:`exec`. Whatever channel reaches the
         runner, every status and every protection is the same.

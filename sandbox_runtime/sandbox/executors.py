@@ -26,15 +26,15 @@ from sandbox_runtime.control import CallControl
 from sandbox_runtime.errors import SandboxError, SandboxGone
 from sandbox_runtime.sandbox.backend import (
     ExecResult,
+    RunnerOutput,
     RunnerVerdict,
     RunRequest,
-    RunResult,
     ScriptCalls,
-    VerdictName,
 )
 from sandbox_runtime.sandbox.exec_stream import Caller, Watch
 from sandbox_runtime.sandbox.executor_channel import Channel, Exchange
 from sandbox_runtime.sandbox.profile import executor_command
+from sandbox_runtime.sandbox.runs import VerdictName
 
 __all__ = ["Engine", "ResidentExecutors"]
 
@@ -72,10 +72,10 @@ class ResidentExecutors:
 
     def run(
         self, container_id: str, request: RunRequest, control: CallControl | None, calls: ScriptCalls | None = None
-    ) -> RunResult:
+    ) -> RunnerOutput:
         started = time.monotonic()
         if control is not None and control.is_cancelled:
-            return RunResult(ExecResult.cancelled_before_start(), None)
+            return RunnerOutput(ExecResult.cancelled_before_start(), None)
         deadline = started + request.deadline_s
         for attempt in (1, 2):
             watch = self._engine.watch(container_id)
@@ -141,7 +141,7 @@ class ResidentExecutors:
         exchange: Exchange,
         watch: Watch,
         started: float,
-    ) -> RunResult:
+    ) -> RunnerOutput:
         """A run the executor did not see through: end what is left of it; no verdict."""
         exit_code = self._engine.exec_exit_code(channel.exec_id) if exchange.stop == "eof" else None
         abrupt = exchange.stop in ("died", "eof")
@@ -157,7 +157,7 @@ class ResidentExecutors:
             f": {said[-300:]}" if said else "",
         )
         result = _exec_result(exchange, watch, started, exit_code)
-        return RunResult(result.model_copy(update={"container_died": died}), None)
+        return RunnerOutput(result.model_copy(update={"container_died": died}), None)
 
     def forget(self, container_id: str) -> None:
         """End the container's executor, if it has one (its sandbox is restarted or removed, or it is done)."""
@@ -182,16 +182,16 @@ class ResidentExecutors:
             self.forget(container_id)
 
 
-def _finished(exchange: Exchange, watch: Watch, started: float) -> RunResult:
+def _finished(exchange: Exchange, watch: Watch, started: float) -> RunnerOutput:
     """The result of a run the executor saw through (``D``)."""
     done = exchange.done
     if done is None:
         raise SandboxError("a finished run without the executor's done frame")
     if done.verdict == "cancelled":
         result = _exec_result(exchange, watch, started, None)
-        return RunResult(result.model_copy(update={"cancelled": True}), None)
+        return RunnerOutput(result.model_copy(update={"cancelled": True}), None)
     verdict = RunnerVerdict(cast(VerdictName, done.verdict), done.signal, done.stream)
-    return RunResult(_exec_result(exchange, watch, started, done.exit_code), verdict)
+    return RunnerOutput(_exec_result(exchange, watch, started, done.exit_code), verdict)
 
 
 def _exec_result(exchange: Exchange, watch: Watch, started: float, exit_code: int | None) -> ExecResult:

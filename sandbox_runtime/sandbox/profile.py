@@ -20,12 +20,12 @@ from sandbox_runtime.sandbox.backend import (
     ContainerSpec,
     ExecRequest,
     ExecResult,
+    RunnerOutput,
     RunnerVerdict,
     RunRequest,
-    RunResult,
     SandboxBackend,
-    VerdictName,
 )
+from sandbox_runtime.sandbox.runs import VerdictName
 
 __all__ = [
     "EXECUTOR",
@@ -148,7 +148,7 @@ def executor_command(request: RunRequest) -> tuple[str, ...]:
 
 def run_by_exec(
     backend: SandboxBackend, container_id: str, request: RunRequest, control: CallControl | None = None
-) -> RunResult:
+) -> RunnerOutput:
     """Run a request as one exec of the per-exec runner, for backends (and checks) without a resident executor."""
     exec_request = ExecRequest(
         command=runner_command(request),
@@ -159,7 +159,7 @@ def run_by_exec(
         stderr_max_bytes=request.host_caps[1],
         deadline_s=request.deadline_s,
     )
-    return RunResult(*read_runner_verdict(backend.exec(container_id, exec_request, control)))
+    return RunnerOutput(*read_runner_verdict(backend.exec(container_id, exec_request, control)))
 
 
 # the exit code the runner ends with for each of its own verdicts (``exited`` ends with the script's status)

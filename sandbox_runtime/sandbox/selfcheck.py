@@ -48,6 +48,7 @@ class SelfCheckReport(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
+    backend: str  # the engine sandboxes run on (the policy's ``sandbox.backend``)
     runtime: str
     image: str
     quota_mode: str
@@ -272,6 +273,7 @@ def run_self_check(
     if not backend.confines:
         logger.warning("the %s confines nothing: %s", type(backend).__name__, "; ".join(backend.not_enforced))
         return SelfCheckReport(
+            backend=backend.name,
             runtime=engine.default_runtime,
             image=spec.image,
             quota_mode=quota_mode,
@@ -299,6 +301,7 @@ def run_self_check(
     checks = evaluate_probe(probe, policy, quota_mode=quota_mode, host=host, create_warnings=info.warnings)
     logger.info("self-check: %d checks, %d failed", len(checks), sum(not c.ok for c in checks))
     return SelfCheckReport(
+        backend=backend.name,
         runtime=policy.sandbox.runtime,
         image=spec.image,
         quota_mode=quota_mode,

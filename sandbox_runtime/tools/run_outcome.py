@@ -1,4 +1,5 @@
-"""How a ``run_python`` run ended, as one status, from what its runner, its command and the engine say.
+"""How a ``run_python`` run ended, as one status: a pure function of what its runner, its command and the engine
+said (:class:`~sandbox_runtime.sandbox.runs.RunResult`), asked of no engine.
 
 The runner inside the sandbox ends every run it sees through with a verdict record (read by
 :func:`~sandbox_runtime.sandbox.profile.read_runner_verdict`): the script exited (its exit code is its own),
@@ -13,12 +14,10 @@ gc``, or by hand) is ``error`` with ``removed`` set. :func:`describe_end` words 
 
 from __future__ import annotations
 
-import time
 from typing import Literal, NamedTuple
 
 from sandbox_runtime.policy import Policy
-from sandbox_runtime.sandbox.backend import ExecResult, SandboxBackend
-from sandbox_runtime.sandbox.profile import RunnerVerdict
+from sandbox_runtime.sandbox.runs import ExecResult, RunEnd, RunnerVerdict
 from sandbox_runtime.store.quota import QuotaUsage
 
 __all__ = ["RunOutcome", "RunStatus", "describe_end", "run_outcome"]
@@ -28,13 +27,6 @@ _SIGKILL = 9
 # where the engine records no OOM kill, a sandbox that ended with memory use sampled this close to the limit
 # ran out of it
 _MEMORY_NEAR_LIMIT = 0.75
-# a run ended by a signal: how long the engine is asked whether the container is being removed (docker marks
-# the removal before it kills, but shows it only once the kill is recorded)
-_REMOVAL_SETTLE_S = 1.0
-# a sandbox that ended during a run: how long the engine is given to record its exit (and an OOM kill)
-_SANDBOX_END_SETTLE_S = 3.0
-_REMOVAL_POLL_S = 0.02
-_GONE_STATES = frozenset({"removing", "dead"})
 
 
 class RunOutcome(NamedTuple):
@@ -42,46 +34,24 @@ class RunOutcome(NamedTuple):
     removed: bool  # the sandbox was removed from outside during the run
 
 
-class _End(NamedTuple):
-    removed: bool  # the container is gone or being removed (``gc``, or by hand)
-    oom_killed: bool  # the engine recorded the kernel's OOM kill (gVisor's sandbox at its memory limit)
-
-
-def run_outcome(
-    backend: SandboxBackend,
-    policy: Policy,
-    container_id: str,
-    result: ExecResult,
-    verdict: RunnerVerdict | None,
-    oom_before: int | None,
-) -> RunOutcome:
-    """The status of a finished command (its result with the runner's record taken off, and the runner's
-    verdict); ``oom_before`` is the container's OOM kill count before it ran."""
+def run_outcome(policy: Policy, result: ExecResult, verdict: RunnerVerdict | None, end: RunEnd) -> RunOutcome:
+    """The status of a finished run: its result with the runner's record taken off, the runner's verdict, and
+    the engine's word on its end."""
     if result.cancelled:
         return RunOutcome("cancelled", removed=False)
     if verdict is not None:
         # the runner saw the run through: the sandbox lasted until its end, whatever the script printed (a line
         # like gVisor's word that its sandbox went away is then the script's own text)
-        oom_after = backend.oom_kill_count(container_id)
-        return RunOutcome(_judged(result, verdict, _rose(oom_before, oom_after), oom_after is None), removed=False)
-    return _without_verdict(backend, policy, container_id, result, oom_before)
-
-
-def _without_verdict(
-    backend: SandboxBackend, policy: Policy, container_id: str, result: ExecResult, oom_before: int | None
-) -> RunOutcome:
-    """A run the runner did not see through (no record): the sandbox was removed or ended, the runner was ended
-    by a signal (the script may send one), or the host's own deadline or cap came first."""
-    oom_after = None if result.container_died else backend.oom_kill_count(container_id)
-    oom_rose = _rose(oom_before, oom_after)
-    end = _how_it_ended(backend, container_id, result) if _ended_abruptly(result, oom_rose) else None
-    if end is not None and end.removed:
+        return RunOutcome(_judged(result, verdict, end.oom_rose, end.oom_kills is None), removed=False)
+    # the runner did not see the run through (no record): the sandbox was removed or ended, the runner was ended
+    # by a signal (the script may send one), or the host's own deadline or cap came first
+    if end.removed:
         return RunOutcome("error", removed=True)
     if result.container_died:
         seen = result.memory_bytes_seen or 0
         near_limit = seen >= _MEMORY_NEAR_LIMIT * policy.sandbox.limits.memory_bytes
-        return RunOutcome("memory_limit" if (end is not None and end.oom_killed) or near_limit else "error", False)
-    return RunOutcome(_by_the_host(result, oom_rose), removed=False)
+        return RunOutcome("memory_limit" if end.oom_killed or near_limit else "error", removed=False)
+    return RunOutcome(_by_the_host(result, end.oom_rose), removed=False)
 
 
 def _by_the_host(result: ExecResult, oom_rose: bool) -> RunStatus:
@@ -93,10 +63,6 @@ def _by_the_host(result: ExecResult, oom_rose: bool) -> RunStatus:
     if result.deadline_hit:
         return "timeout"  # the host's own deadline: the runner never answered
     return "ok" if result.exit_code == 0 else "error"
-
-
-def _rose(oom_before: int | None, oom_after: int | None) -> bool:
-    return oom_before is not None and oom_after is not None and oom_after > oom_before
 
 
 def _judged(result: ExecResult, verdict: RunnerVerdict, oom_rose: bool, no_counter: bool) -> RunStatus:
@@ -112,32 +78,6 @@ def _judged(result: ExecResult, verdict: RunnerVerdict, oom_rose: bool, no_count
         # left (a script that exits 137 itself is not ended by a signal)
         return "memory_limit"
     return "ok" if verdict.verdict == "exited" and result.exit_code == 0 else "error"
-
-
-def _ended_abruptly(result: ExecResult, oom_rose: bool) -> bool:
-    """Whether the run's end may have been the sandbox's removal: the container died, the stream ended without
-    an exit code, or a signal ended the runner with no out-of-memory kill to explain it."""
-    if result.cancelled:
-        return False
-    if result.container_died:
-        return True
-    if result.exit_code is None:
-        return not result.deadline_hit and result.over_cap is None
-    return result.exit_code > 128 and not oom_rose
-
-
-def _how_it_ended(backend: SandboxBackend, container_id: str, result: ExecResult) -> _End:
-    """What the engine says of a run's abrupt end: removed from outside, or ended in place (gVisor ends its
-    sandbox at memory or pids exhaustion, the container stays, and the engine records an OOM kill). Bounded:
-    the engine records the removal's kill, or the sandbox's exit, a moment after the run's stream ended."""
-    deadline = time.monotonic() + (_SANDBOX_END_SETTLE_S if result.container_died else _REMOVAL_SETTLE_S)
-    while True:
-        info = backend.inspect(container_id)
-        if info is None or info.status in _GONE_STATES:
-            return _End(removed=True, oom_killed=False)
-        if not info.running or time.monotonic() >= deadline:
-            return _End(removed=False, oom_killed=info.oom_killed)
-        time.sleep(_REMOVAL_POLL_S)
 
 
 def describe_end(

@@ -40,11 +40,11 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from sandbox_runtime.control import CallControl
 from sandbox_runtime.conversations.handle import SandboxHandle
-from sandbox_runtime.errors import EngineLost, InvalidToolArguments, PathNotFound, PathRejected, SandboxGone
+from sandbox_runtime.errors import InvalidToolArguments, PathNotFound, PathRejected
 from sandbox_runtime.policy import Policy
-from sandbox_runtime.sandbox.backend import ExecResult, RunnerVerdict
 from sandbox_runtime.sandbox.profile import PYTHON, run_request
 from sandbox_runtime.sandbox.records import Sandbox
+from sandbox_runtime.sandbox.runs import ExecResult, RunnerVerdict
 from sandbox_runtime.store.quota import QuotaUsage
 from sandbox_runtime.store.safe_paths import ResultsRoot
 from sandbox_runtime.tools.base import ScriptTools, model_arguments
@@ -177,7 +177,6 @@ def _run_locked(
     scripts: ScriptTools | None,
 ) -> RunPythonResult:
     policy = handle.policy
-    backend = handle.backend
     sandbox = handle.start()
     root = handle.root()
     run_number = handle.begin_run(sandbox)
@@ -191,22 +190,11 @@ def _run_locked(
         logger.info("saving inline code failed: the results folder is full (%s)", exc)
         usage = handle.usage()
         return not_saved(usage.used_bytes, usage.limit_bytes)
-    oom_before = backend.oom_kill_count(sandbox.container_id)
     request = run_request(policy, timeout_s, (PYTHON, script, *args.args))
-    exec_control = _exec_control(control, timeout_s)
     calls = RunToolCalls(scripts, policy.script_tools, script)
-    try:
-        try:
-            result, verdict = backend.run(sandbox.container_id, request, exec_control, calls)
-        except SandboxGone:
-            # removed or stopped from outside since this process last used it: nothing ran; start afresh
-            logger.info("sandbox of %s is gone; starting a new one", handle.conversation_id)
-            sandbox = handle.replace()
-            result, verdict = backend.run(sandbox.container_id, request, exec_control, calls)
-    except EngineLost:
-        handle.abandon(sandbox, f"the engine went away during run {run_number}")
-        raise
-    outcome = run_outcome(backend, policy, sandbox.container_id, result, verdict, oom_before)
+    run_control = _exec_control(control, timeout_s)
+    sandbox, (result, verdict, end) = handle.run(sandbox, request, run_control, calls, what=f"run {run_number}")
+    outcome = run_outcome(policy, result, verdict, end)
     removed = outcome.removed
     _tend(handle, sandbox, result, verdict, run_number, removed=removed)
     status = outcome.status

@@ -17,8 +17,7 @@ from pydantic import BaseModel, ConfigDict
 
 from sandbox_runtime.errors import PathExists
 from sandbox_runtime.policy import Policy
-from sandbox_runtime.sandbox.backend import ExecResult
-from sandbox_runtime.sandbox.profile import RunnerVerdict
+from sandbox_runtime.sandbox.runs import ExecResult, RunnerVerdict
 from sandbox_runtime.store.quota import QuotaUsage
 from sandbox_runtime.store.safe_paths import ResultsRoot
 from sandbox_runtime.tools.error_summary import summarize_failure

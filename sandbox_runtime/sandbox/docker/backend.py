@@ -37,12 +37,12 @@ from sandbox_runtime.sandbox.backend import (
     HostFacts,
     ImageBuilder,
     ProgressCallback,
+    RunnerOutput,
     RunRequest,
-    RunResult,
     SandboxBackend,
     ScriptCalls,
 )
-from sandbox_runtime.sandbox.docker_records import (
+from sandbox_runtime.sandbox.docker.records import (
     container_info,
     engine_info,
     knock,
@@ -96,6 +96,12 @@ def _mapped(action: str, error: type[Exception] = SandboxError, *, during_comman
 class DockerBackend(SandboxBackend, ImageBuilder):
     """Talks to a Docker engine through docker-py (``DOCKER_HOST`` and friends are honoured); builds the
     executor image there too."""
+
+    name = "docker"
+    # docker marks a removal before it kills, but shows it only once the kill is recorded; gVisor's sandbox that
+    # ended at its memory or pids limit is recorded (with the OOM kill) a moment after the run's stream ended
+    removal_settle_s = 1.0
+    sandbox_end_settle_s = 3.0
 
     def __init__(self, environment: Mapping[str, str] | None = None, timeout_s: float = 60.0) -> None:
         env = dict(os.environ if environment is None else environment)
@@ -259,13 +265,13 @@ class DockerBackend(SandboxBackend, ImageBuilder):
             self._api.restart(container_id, timeout=0)
 
     # runs ---------------------------------------------------------------------------------------------
-    def run(
+    def run_program(
         self,
         container_id: str,
         request: RunRequest,
         control: CallControl | None = None,
         calls: ScriptCalls | None = None,
-    ) -> RunResult:
+    ) -> RunnerOutput:
         return self._executors.run(container_id, request, control, calls)
 
     def prepare_run(self, container_id: str, request: RunRequest) -> None:

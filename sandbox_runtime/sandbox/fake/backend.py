@@ -37,12 +37,12 @@ from sandbox_runtime.sandbox.backend import (
     ExecRequest,
     ExecResult,
     HostFacts,
+    RunnerOutput,
     RunRequest,
-    RunResult,
     SandboxBackend,
     ScriptCalls,
 )
-from sandbox_runtime.sandbox.fake_run import RunnerLimits, end_group, run_command
+from sandbox_runtime.sandbox.fake.run import RunnerLimits, end_group, run_command
 from sandbox_runtime.sandbox.profile import PYTHON, RUNNER, end_all_command, run_by_exec
 
 __all__ = ["FakeBackend"]
@@ -87,6 +87,7 @@ class _Container:
 class FakeBackend(SandboxBackend):
     """Containers as records, commands as host processes: see the module's docstring for what it leaves out."""
 
+    name = "fake"
     confines = False
     not_enforced = (
         "network: the code has this host's network",
@@ -95,6 +96,8 @@ class FakeBackend(SandboxBackend):
         "resources: no memory, CPU or pids limit (no memory_limit status), no disk quota beyond the store's own",
         "processes: a process that leaves its run's session is not ended",
     )
+    removal_settle_s = 0.1  # its records change at once
+    sandbox_end_settle_s = 0.1
 
     def __init__(self) -> None:
         self._containers: dict[str, _Container] = {}
@@ -209,13 +212,13 @@ class FakeBackend(SandboxBackend):
             track=track,
         )
 
-    def run(
+    def run_program(
         self,
         container_id: str,
         request: RunRequest,
         control: CallControl | None = None,
         calls: ScriptCalls | None = None,
-    ) -> RunResult:
+    ) -> RunnerOutput:
         del calls  # a script on the host has no sandbox_tools to call with
         return run_by_exec(self, container_id, request, control)  # the runner's contract, kept by exec below
 
