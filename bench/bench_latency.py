@@ -21,9 +21,9 @@ The latency cases are interleaved round-robin (A, B, C, A, B, C, ...) so that ma
 * ``exec_office``    plain exec of ``python`` on the same script in the same container: baseline.
 
 Then the scale cases (``scale_cases.py``, in the runtime without a pool): throughput of ``--threads`` threads over
-as many conversations beside raw exec into the same containers, idle memory per sandbox with its executor (and
-per sandbox waiting in the pool), the runtime's RSS after ``--conversations`` live conversations, and the host
-disk of a conversation's quota volume.
+as many conversations beside raw exec into the same containers, the memory of ``--idle`` idle conversations
+beside as many bare containers of the image (and per sandbox waiting in the pool), the runtime's RSS after
+``--conversations`` live conversations, and the host disk of a conversation's quota volume.
 
 Every container carries ``io.sandbox-runtime.bench=<uuid>`` and is removed at the end, with the conversations
 and the temporary state directory. Numbers are reported, never asserted.
@@ -48,7 +48,7 @@ from collections.abc import Callable
 from typing import NotRequired, TypedDict
 
 import docker
-from scale_cases import idle_memory, pool_memory, rss_and_volumes, throughput
+from scale_cases import idle_density, pool_memory, rss_and_volumes, throughput
 
 from sandbox_runtime.api.runtime import Runtime
 from sandbox_runtime.sandbox.image import executor_image_tag
@@ -272,9 +272,9 @@ def measure(bench: Bench, opts: argparse.Namespace) -> Report:
     scale[f"runs/s, {opts.threads} threads, ours"] = rates["ours"]
     scale[f"runs/s, {opts.threads} threads, raw exec"] = rates["raw"]
     ratios[f"throughput ours / raw exec ({opts.threads} threads)"] = rates["ours"] / rates["raw"]
-    scale.update(idle_memory(plain, parallel))
     for conversation in parallel:
         conversation.delete()
+    scale.update(idle_density(plain, client, opts.idle, {BENCH_LABEL: bench.label}, OFFICE_SCRIPT))
     scale.update(rss_and_volumes(plain, opts.conversations))
     report: Report = {
         "machine": machine_facts(client, runtime),
@@ -299,6 +299,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=8, help="threads (and conversations) for throughput")
     parser.add_argument("--parallel-runs", type=int, default=25, help="runs per thread per throughput block")
     parser.add_argument("--conversations", type=int, default=50, help="live conversations for the RSS case")
+    parser.add_argument("--idle", type=int, default=20, help="idle conversations (and bare containers) for memory")
     opts = parser.parse_args()
 
     label = uuid.uuid4().hex

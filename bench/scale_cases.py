@@ -6,8 +6,10 @@ many conversations, and the host disk a conversation's quota volume takes.
   through ``conversation.call`` as fast as it can for ``runs`` runs; beside it the same threads doing raw docker-py
   execs of ``python -c 'print(1)'`` into the same containers. The two alternate in blocks (ours, raw, ours, raw)
   and the median block of each is reported, in runs per second.
-* ``idle memory``: the cgroup memory of each of those sandboxes, idle, with its executor loaded (and its spare);
-  then again after the executors are dropped (what a sandbox costs whose executor idled out).
+* ``idle density``: ``count`` (20) new conversations, idle, each with its executor loaded (the standard library
+  only) and its spare, beside as many bare containers of the same image (``sleep``: the floor); then after one
+  office run each (the executor then loads openpyxl for the runs after it); then with the executors dropped
+  (what a conversation costs whose executor idled out). Medians of the cgroup memory, in MiB.
 * ``pool memory``: the cgroup memory of each sandbox waiting in a warm pool (what a pool costs per sandbox).
 * ``rss``: the bench process (the runtime lives in it) after ``conversations`` conversations each made one run,
   all still live.
@@ -32,7 +34,7 @@ from sandbox_runtime.api.runtime import Conversation, Runtime
 from sandbox_runtime.sandbox.exec_stream import read_cgroup_file
 from sandbox_runtime.sandbox.profile import LABEL_POOL_SLOT, PYTHON, code_user, exec_environment
 
-__all__ = ["idle_memory", "pool_memory", "rss_and_volumes", "throughput"]
+__all__ = ["idle_density", "pool_memory", "rss_and_volumes", "throughput"]
 
 MiB = 1024 * 1024
 
@@ -97,22 +99,71 @@ def _memory_bytes(container_id: str) -> int:
     return int(text) if text and text.isdigit() else 0
 
 
-def idle_memory(runtime: Runtime, conversations: list[Conversation]) -> dict[str, float]:
-    """Median cgroup memory (MiB) of idle sandboxes with their executors, then with the executors dropped."""
+def _wait_until_loaded(conversations: list[Conversation], module: str) -> None:
+    """Until a run of each conversation finds ``module`` imported as it starts (its executor loaded it)."""
+    code = f"import sys; print({module!r} in sys.modules)"
+    for conversation in conversations:
+        deadline = time.monotonic() + 60
+        while conversation.run_python(code).stdout.strip() != "True":
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the executor of {conversation.id} never loaded {module}")
+
+
+def _bare_containers(client: docker.DockerClient, runtime: Runtime, count: int, labels: dict[str, str]) -> list[str]:
+    """``count`` containers of the executor image doing nothing (no executor, no run): the floor."""
+    started = [
+        client.containers.run(
+            runtime.conversations.manager.image,
+            ["sleep", "3600"],
+            detach=True,
+            network_mode="none",
+            read_only=True,
+            user=code_user(runtime.policy),
+            labels=labels,
+        )
+        for _ in range(count)
+    ]
+    return [str(container.id) for container in started]
+
+
+def idle_density(
+    runtime: Runtime, client: docker.DockerClient, count: int, labels: dict[str, str], office_script: str
+) -> dict[str, float]:
+    """Median cgroup memory (MiB) of ``count`` idle conversations beside ``count`` bare containers of the same
+    image: with their executors loaded (the standard library only), after one office run each (its executor then
+    loads openpyxl for the runs after it), and with the executors dropped."""
+    conversations = [runtime.conversation(f"bench-idle-{i}-{uuid.uuid4().hex[:8]}") for i in range(count)]
+    for conversation in conversations:
+        _ok(conversation)
+    _wait_until_loaded(conversations, "zipfile")
     containers = [c.sandbox().container_id for c in conversations]
-    with_executor = [_memory_bytes(cid) / MiB for cid in containers]
+    bare = _bare_containers(client, runtime, count, labels)
+    try:
+        figures = {
+            f"idle conversation, {count} of them (MiB, median)": _median_mib(containers),
+            f"bare container of the image, {count} of them (MiB, median)": _median_mib(bare),
+        }
+    finally:
+        for container_id in bare:
+            client.api.remove_container(container_id, force=True)
+    for conversation in conversations:
+        done = conversation.call("run_python", {"code": office_script})
+        if done.is_error:
+            raise RuntimeError(f"the office script failed: {done.text[:500]}")
+    _wait_until_loaded(conversations, "openpyxl")
+    figures["idle conversation after an office run (MiB, median)"] = _median_mib(containers)
     runtime.manager.backend.drop_idle_executors(0.0)
     deadline = time.monotonic() + 10
-    without = [_memory_bytes(cid) / MiB for cid in containers]
-    while time.monotonic() < deadline and statistics.median(without) >= statistics.median(with_executor) * 0.9:
+    while time.monotonic() < deadline and _median_mib(containers) >= figures[next(iter(figures))] * 0.5:
         time.sleep(0.2)  # the executors exit once their stdin ends; their memory goes a moment later
-        without = [_memory_bytes(cid) / MiB for cid in containers]
+    figures["idle conversation, executor dropped (MiB, median)"] = _median_mib(containers)
     for conversation in conversations:
-        _ok(conversation)  # loads them again
-    return {
-        "idle sandbox with executor (MiB, median)": statistics.median(with_executor),
-        "idle sandbox, executor dropped (MiB, median)": statistics.median(without),
-    }
+        conversation.delete()
+    return figures
+
+
+def _median_mib(containers: list[str]) -> float:
+    return statistics.median(_memory_bytes(cid) / MiB for cid in containers)
 
 
 def pool_memory(runtime: Runtime) -> dict[str, float]:

@@ -78,7 +78,7 @@ def _deadline() -> float:
     return time.monotonic() + 10
 
 
-def _done(nonce: str, fields: str = "exited 0 - - keep") -> bytes:
+def _done(nonce: str, fields: str = "exited 0 - - keep -") -> bytes:
     return _frame(b"D", f"{nonce} {fields}".encode())
 
 
@@ -87,7 +87,7 @@ def test_a_run_the_executor_sees_through_is_believed(pair: tuple[socket.socket, 
         return [
             _mux(_frame(b"S", nonce.encode()) + _frame(b"O", b"hello\n")),
             _mux(b"a diagnostic line of the executor's own\n", stream=2),
-            _mux(_frame(b"E", b"warn\n") + _done(nonce, "exited 3 - - keep")),
+            _mux(_frame(b"E", b"warn\n") + _done(nonce, "exited 3 - - keep openpyxl,docx")),
         ]
 
     exchange = _exchange(pair, answer)
@@ -95,6 +95,7 @@ def test_a_run_the_executor_sees_through_is_believed(pair: tuple[socket.socket, 
     assert (exchange.stdout, exchange.stderr, exchange.totals) == (b"hello\n", b"warn\n", (6, 5))
     assert exchange.done is not None
     assert (exchange.done.verdict, exchange.done.exit_code, exchange.done.keep) == ("exited", 3, True)
+    assert exchange.done.libraries == ("openpyxl", "docx")  # what the sandbox's next executor loads at once
 
 
 def test_frames_split_anywhere_across_reads_are_put_back_together(pair: tuple[socket.socket, socket.socket]) -> None:
@@ -118,8 +119,12 @@ def test_frames_split_anywhere_across_reads_are_put_back_together(pair: tuple[so
         pytest.param(lambda nonce: [_mux(_frame(b"S", nonce.encode()) + _frame(b"X", b""))], id="unknown-kind"),
         pytest.param(lambda nonce: [_mux(b"D" + struct.pack(">I", 1 << 30))], id="oversized-frame"),
         pytest.param(
-            lambda nonce: [_mux(_frame(b"S", nonce.encode()) + _done(nonce, "exited 0 - - keep trailing"))],
+            lambda nonce: [_mux(_frame(b"S", nonce.encode()) + _done(nonce, "exited 0 - - keep - trailing"))],
             id="done-with-more-fields",
+        ),
+        pytest.param(
+            lambda nonce: [_mux(_frame(b"S", nonce.encode()) + _done(nonce, "exited 0 - - keep ../lib;rm"))],
+            id="done-naming-no-library",
         ),
     ],
 )

@@ -47,7 +47,8 @@ _NO_CALLS: dict[str, object] = {
 }
 _DONE = re.compile(
     rb"(?P<nonce>[0-9a-f]{32}) (?P<verdict>exited|timeout|output_limit|not_started|left_running|cancelled) "
-    rb"(?P<exit>\d{1,3}) (?P<signal>\d{1,2}|-) (?P<stream>stdout|stderr|-) (?P<keep>keep|end)\Z"
+    rb"(?P<exit>\d{1,3}) (?P<signal>\d{1,2}|-) (?P<stream>stdout|stderr|-) (?P<keep>keep|end) "
+    rb"(?P<libraries>[A-Za-z_]{1,32}(?:,[A-Za-z_]{1,32}){0,15}|-)\Z"
 )
 
 Stop = Literal["done", "eof", "cap", "deadline", "died", "broken"]
@@ -61,6 +62,7 @@ class Done(NamedTuple):
     signal: int | None
     stream: Literal["stdout", "stderr"] | None
     keep: bool
+    libraries: tuple[str, ...] = ()  # the office libraries the executor loads for the runs after this one
 
 
 class Exchange(NamedTuple):
@@ -308,6 +310,7 @@ class _Reading:
                 signal=None if match["signal"] == b"-" else int(match["signal"]),
                 stream=None if match["stream"] == b"-" else "stdout" if match["stream"] == b"stdout" else "stderr",
                 keep=match["keep"] == b"keep",
+                libraries=() if match["libraries"] == b"-" else tuple(match["libraries"].decode().split(",")),
             )
             return "done"
         raise _Broken(f"an unexpected {kind!r} frame")

@@ -68,6 +68,8 @@ class ResidentExecutors:
     def __init__(self, engine: Engine) -> None:
         self._engine = engine
         self._channels: dict[str, Channel] = {}
+        # per container: the office libraries its runs have used, which its next executor loads at once
+        self._libraries: dict[str, tuple[str, ...]] = {}
         self._guard = threading.Lock()
 
     def run(
@@ -88,6 +90,8 @@ class ResidentExecutors:
             finally:
                 self._give_back(container_id, channel)
             if exchange.stop == "done" and exchange.done is not None:
+                with self._guard:
+                    self._libraries[container_id] = exchange.done.libraries
                 if not exchange.done.keep:
                     self.forget(container_id)
                 return _finished(exchange, watch, started)
@@ -114,7 +118,9 @@ class ResidentExecutors:
                 return channel
         if channel is not None and not channel.busy:
             self.forget(container_id)  # made for other requests (another policy): replaced
-        sock, exec_id = self._engine.open_exec(container_id, executor_command(request), request)
+        with self._guard:
+            libraries = self._libraries.get(container_id, ())
+        sock, exec_id = self._engine.open_exec(container_id, executor_command(request, libraries), request)
         channel = Channel(sock, exec_id, key)
         if not channel.ready(time.monotonic() + _READY_TIMEOUT_S, watch):
             channel.close()
@@ -165,6 +171,12 @@ class ResidentExecutors:
             channel = self._channels.pop(container_id, None)
         if channel is not None and not channel.busy:
             channel.close()
+
+    def discard(self, container_id: str) -> None:
+        """The container is removed: end its executor and forget what its runs used."""
+        with self._guard:
+            self._libraries.pop(container_id, None)
+        self.forget(container_id)
 
     def drop_idle(self, idle_s: float) -> int:
         """End the executors unused for ``idle_s`` seconds; how many."""

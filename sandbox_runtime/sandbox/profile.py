@@ -141,9 +141,10 @@ def runner_command(request: RunRequest) -> tuple[str, ...]:
     )
 
 
-def executor_command(request: RunRequest) -> tuple[str, ...]:
-    """The exec command of the resident executor that runs requests like this one (``executor.py``)."""
-    return (PYTHON, "-I", EXECUTOR, str(request.nproc_max))
+def executor_command(request: RunRequest, libraries: tuple[str, ...] = ()) -> tuple[str, ...]:
+    """The exec command of the resident executor that runs requests like this one (``executor.py``), loading the
+    office ``libraries`` the sandbox's runs have used at once."""
+    return (PYTHON, "-I", EXECUTOR, str(request.nproc_max), *([",".join(libraries)] if libraries else []))
 
 
 def run_by_exec(

@@ -64,6 +64,14 @@ _DEFAULT_SOCKET = "/var/run/docker.sock"
 _END_ALL_DEADLINE_S = 1.5  # the cancel's own exec: its program gives up after 1 s of retries
 
 
+def _gone(exc: docker.errors.APIError) -> bool:
+    """Whether the engine refused a command because the container is gone, stopped or being removed (nothing
+    ran): not found, a conflict, or (from exec start) "is not running", e.g. "Removal In Progress"."""
+    if isinstance(exc, docker.errors.NotFound) or exc.status_code == 409:
+        return True
+    return "is not running" in str(exc.explanation or exc)
+
+
 @contextlib.contextmanager
 def _mapped(action: str, error: type[Exception] = SandboxError, *, during_command: bool = False) -> Iterator[None]:
     """Turn docker and transport errors into our tree, most specific first. ``during_command``: the engine is
@@ -248,7 +256,7 @@ class DockerBackend(SandboxBackend, ImageBuilder):
         return container_info(attrs)
 
     def remove(self, container_id: str) -> None:
-        self._executors.forget(container_id)
+        self._executors.discard(container_id)
         with self._engine("remove container"):
             try:
                 self._api.remove_container(container_id, force=True, v=True)
@@ -287,11 +295,11 @@ class DockerBackend(SandboxBackend, ImageBuilder):
                 exec_id = self._create_exec(
                     container_id, command, request.user, request.environment, request.working_dir, stdin=True
                 )
+                raw = self._api.exec_start(exec_id, detach=False, tty=False, socket=True)
             except (docker.errors.NotFound, docker.errors.APIError) as exc:
-                if isinstance(exc, docker.errors.NotFound) or exc.status_code == 409:
+                if _gone(exc):
                     raise SandboxGone(f"sandbox {container_id[:12]} is gone: {exc.explanation or exc}") from exc
                 raise
-            raw = self._api.exec_start(exec_id, detach=False, tty=False, socket=True)
         return raw, exec_id
 
     # exec ---------------------------------------------------------------------------------------------
@@ -335,11 +343,11 @@ class DockerBackend(SandboxBackend, ImageBuilder):
                 exec_id = self._create_exec(
                     container_id, request.command, request.user, request.environment, request.working_dir
                 )
+                raw = self._api.exec_start(exec_id, detach=False, tty=False, socket=True)
             except (docker.errors.NotFound, docker.errors.APIError) as exc:
-                if isinstance(exc, docker.errors.NotFound) or exc.status_code == 409:
+                if _gone(exc):
                     raise SandboxGone(f"sandbox {container_id[:12]} is gone: {exc.explanation or exc}") from exc
                 raise
-            raw = self._api.exec_start(exec_id, detach=False, tty=False, socket=True)
         sock = getattr(raw, "_sock", raw)
         watch = self._watch(container_id)
         caller = None

@@ -1,11 +1,16 @@
 """The resident executor: one preloaded interpreter per sandbox that starts each run as a fresh forked process.
 
-Usage: python -I executor.py NPROC_MAX   (run by the host as one long ``docker exec`` with stdin attached)
+Usage: python -I executor.py NPROC_MAX [LIBRARIES]   (run by the host as one long ``docker exec`` with stdin
+attached; LIBRARIES: a comma-separated list of the office libraries to load at once, e.g. ``openpyxl,docx``)
 
 The host talks to it over that exec's stdin and stdout, which pass under runc and gVisor alike and are no
-network. It imports the standard library's common modules and the office libraries once, freezes its heap
-(``gc.freeze``: a forked run then copies few pages) and keeps one *spare*: a child forked while no run exists,
-waiting for its job. A run is the spare: it confines itself as the per-exec runner's script is confined
+network. It imports the standard library's common modules once (and the libraries of LIBRARIES), freezes its
+heap (``gc.freeze``: a forked run then copies few pages) and keeps one *spare*: a child forked while no run
+exists, waiting for its job. An office library is loaded once a run has used it: a run that ends the way
+``python`` ends says which of them it had imported (names only, on a pipe of its own; the executor believes
+names it knows and nothing else), and the executor loads those while it waits, for every run after it. So an
+idle sandbox that never ran office code holds only the standard library, and one that did has its libraries
+ready. A run is the spare: it confines itself as the per-exec runner's script is confined
 (``confine.py``: no_new_privs, the seccomp filter, RLIMIT_NPROC), takes the script's argv, working directory and
 fresh ``__main__``, runs the script, and exits the way ``python script.py`` would. Nothing a run changes in its
 own memory reaches the next run, which is forked from the executor again; the executor itself never runs code.
@@ -22,8 +27,9 @@ Executor to host: frames of one kind byte, a 4-byte big-endian length and the pa
     O  stdout bytes of the run                  E  stderr bytes of the run (at most cap + 1 of each)
     C  bytes the run wrote on its tool-call pipe: JSON lines, one per call (``sandbox_tools``); the host
        answers every line, in order, with a ``reply``, whose body goes to the run as one JSON line
-    D  done: "NONCE VERDICT EXIT SIGNAL STREAM KEEP" (the per-exec runner's record fields, and whether the
-       executor goes on: "keep" or "end")
+    D  done: "NONCE VERDICT EXIT SIGNAL STREAM KEEP LIBRARIES" (the per-exec runner's record fields, whether
+       the executor goes on: "keep" or "end", and the office libraries it loads for the runs after this one,
+       comma-separated, or "-"; the host gives them to the sandbox's next executor)
 
 While a tool call is unanswered (a line passed on, its reply not yet come) the run's time limit stands still: the
 host bounds the time its calls take. The host judges every call; the executor only passes bytes on.
@@ -90,16 +96,24 @@ _IGNORED = (
     signal.SIGTTOU,
     signal.SIGPIPE,
 )
-# imported once, while no request waits: the standard library's common modules, then the office libraries
-PRELOADED = (  # noqa: SIM905  (eighty names read better as words)
+# imported once, while no request waits: the standard library's common modules (and the scripts' tool module)
+STANDARD = (  # noqa: SIM905  (seventy names read better as words)
     "abc argparse array base64 bisect calendar codecs collections collections.abc contextlib copy csv ctypes "
     "dataclasses datetime decimal difflib email enum fractions functools glob gzip hashlib heapq hmac html "
     "html.parser io itertools json locale logging math numbers operator os pathlib pickle pprint random re "
     "shutil sqlite3 statistics string struct tempfile textwrap time traceback typing unicodedata urllib.parse "
-    "uuid warnings xml.dom.minidom xml.etree.ElementTree zipfile zlib "
-    "openpyxl openpyxl.styles openpyxl.utils openpyxl.chart docx docx.shared docx.enum.text pptx pptx.util "
-    "pptx.chart.data lxml.etree PIL.Image xlsxwriter defusedxml sandbox_tools"
+    "uuid warnings xml.dom.minidom xml.etree.ElementTree zipfile zlib sandbox_tools"
 ).split()
+# the office libraries, each loaded once a run of this sandbox has used it (by its top-level name)
+LIBRARIES = {
+    "openpyxl": ("openpyxl", "openpyxl.styles", "openpyxl.utils", "openpyxl.chart"),
+    "docx": ("docx", "docx.shared", "docx.enum.text"),
+    "pptx": ("pptx", "pptx.util", "pptx.chart.data"),
+    "xlsxwriter": ("xlsxwriter",),
+    "lxml": ("lxml.etree",),
+    "PIL": ("PIL.Image",),
+    "defusedxml": ("defusedxml",),
+}
 
 
 class Stream:
@@ -181,6 +195,7 @@ class Spare:
         ctl_read, ctl_write = os.pipe()
         call_read, call_write = os.pipe()
         reply_read, reply_write = os.pipe()
+        used_read, used_write = os.pipe()
         self.pid = os.fork()
         if self.pid == 0:
             null = os.open(os.devnull, os.O_RDONLY)
@@ -188,13 +203,16 @@ class Spare:
             os.dup2(out_write, 1)
             os.dup2(err_write, 2)
             for fd in _open_fds():
-                if fd not in (0, 1, 2, job_read, ctl_write, call_write, reply_read):
+                if fd not in (0, 1, 2, job_read, ctl_write, call_write, reply_read, used_write):
                     _close(fd)
             self.job_read, self.ctl_write = job_read, ctl_write
             self.call_write, self.reply_read = call_write, reply_read
+            self.used_write = used_write
             return
-        for fd in (out_write, err_write, job_read, ctl_write, call_write, reply_read):
+        for fd in (out_write, err_write, job_read, ctl_write, call_write, reply_read, used_write):
             os.close(fd)
+        os.set_blocking(used_read, False)
+        self.used_read = used_read
         os.set_blocking(reply_write, False)  # a run that does not read its replies never holds the executor up
         self.out_read, self.err_read, self.job_write, self.ctl_read = out_read, err_read, job_write, ctl_read
         self.call_read, self.reply_write = call_read, reply_write
@@ -216,8 +234,26 @@ class Spare:
         """End a spare that gets no job (the executor ends, or replaces it by one forked once loaded)."""
         os.kill(self.pid, signal.SIGKILL)
         os.waitpid(self.pid, 0)
-        for fd in (self.out_read, self.err_read, self.job_write, self.ctl_read, self.call_read, self.reply_write):
+        for fd in (
+            self.out_read,
+            self.err_read,
+            self.job_write,
+            self.ctl_read,
+            self.call_read,
+            self.reply_write,
+            self.used_read,
+        ):
             _close(fd)
+
+    def libraries_used(self):
+        """The names of LIBRARIES the run said it imported (read once it ended: nothing of it writes any more);
+        whatever else it wrote there is ignored."""
+        try:
+            said = os.read(self.used_read, PIPE_BUF)
+        except OSError:
+            said = b""
+        _close(self.used_read)
+        return {name for name in said.decode("ascii", "replace").split() if name in LIBRARIES}
 
 
 def _close(fd):
@@ -399,13 +435,14 @@ def _job(request):
     return nonce, {"argv": argv, "cwd": cwd}, timeout_s, grace_s, caps
 
 
-def _serve_one(stream, spare, job):
-    """Run one job in the spare and say how it ended; False when the executor must end after it."""
+def _serve_one(stream, spare, job, libraries):
+    """Run one job in the spare and say how it ended; False when the executor must end after it. ``libraries``
+    (the names this executor loads) gains those the run used."""
     nonce, work, timeout_s, grace_s, caps = job
     stream.send(b"S", nonce.encode())
     failure = spare.hand_over(work)
     if failure:
-        for fd in (spare.out_read, spare.err_read, spare.call_read, spare.reply_write):
+        for fd in (spare.out_read, spare.err_read, spare.call_read, spare.reply_write, spare.used_read):
             os.close(fd)
         os.waitpid(spare.pid, 0)
         reason = f"sandbox-runtime: the sandbox could not confine the script, so it did not run: {failure}\n"
@@ -417,23 +454,25 @@ def _serve_one(stream, spare, job):
         settle = grace_s if outcome == "timeout" else 0.0 if outcome in ("output_limit", "cancelled") else 0.2
         if not runner.sweep(settle):
             verdict = ("left_running", runner.LEFT_RUNNING_EXIT, None, None)
+        libraries |= spare.libraries_used()
     stream.take_input(nonce, [], final=True)  # after the sweep nothing of the run is left to write to stdin
     keep = not stream.tampered and verdict[0] != "left_running"
     name, exit_status, signal_number, which = verdict
     fields = (nonce, name, str(exit_status), "-" if signal_number is None else str(signal_number), which or "-")
-    stream.send(b"D", " ".join((*fields, "keep" if keep else "end")).encode())
+    loaded = ",".join(sorted(libraries)) or "-"
+    stream.send(b"D", " ".join((*fields, "keep" if keep else "end", loaded)).encode())
     return keep
 
 
-def _serve():
+def _serve(libraries):
     """The executor's loop; returns (in a spare only) that spare, once the executor has forked it.
 
     The modules are imported one at a time while no request waits (and one before each request, so that runs
     back to back still get them); once they all are, the heap is frozen and the spare forked before that is
-    replaced by one that has them."""
+    replaced by one that has them. A library a run used is loaded the same way after it."""
     stream = Stream()
     stream.send(b"R", str(os.getpid()).encode())
-    loading = list(PRELOADED)
+    loading = [*STANDARD, *(module for name in sorted(libraries) for module in LIBRARIES[name])]
     while True:
         spare = Spare()
         if spare.pid == 0:
@@ -452,9 +491,11 @@ def _serve():
         if job is None:  # the end of the stream, or not a request: the host starts a fresh executor
             spare.end()
             os._exit(0)
-        if not _serve_one(stream, spare, job):
+        before = set(libraries)
+        if not _serve_one(stream, spare, job, libraries):
             runner.sweep(0.0)
             os._exit(0)
+        loading += [module for name in sorted(libraries - before) for module in LIBRARIES[name]]
 
 
 def _prepare(spare, nproc_max):
@@ -502,8 +543,9 @@ def _take_job(spare):
     return json.loads(line)
 
 
-def _become_main(argv, cwd):
-    """Run ``argv`` (the interpreter's path, the script's path, its arguments) as the main program."""
+def _become_main(argv, cwd, used_write):
+    """Run ``argv`` (the interpreter's path, the script's path, its arguments) as the main program; as it ends,
+    it says on ``used_write`` which of LIBRARIES it imported."""
     confine.set_name("python")  # as ``python script.py`` is named
     os.chdir(cwd)
     script = argv[1]
@@ -532,16 +574,16 @@ def _become_main(argv, cwd):
     try:
         exec(code, main.__dict__)  # noqa: S102  (this is the run: the script's code, in its own process)
     except SystemExit as exc:
-        _exit(exc.code)
+        _exit(exc.code, used_write)
     except BaseException as exc:
         # the script's frames only, from its module on: this function's frame is not the script's
         tb = exc.__traceback__.tb_next if exc.__traceback__ is not None else None
         sys.excepthook(type(exc), exc.with_traceback(tb), tb)
-        _exit(130 if isinstance(exc, KeyboardInterrupt) else 1)
-    _exit(0)
+        _exit(130 if isinstance(exc, KeyboardInterrupt) else 1, used_write)
+    _exit(0, used_write)
 
 
-def _exit(code):
+def _exit(code, used_write):
     """End the run as the interpreter would (threads joined, atexit run, streams flushed), without tearing the
     preloaded modules down one by one: that costs tens of milliseconds and dirties every page of the heap."""
     if code is None:
@@ -560,6 +602,10 @@ def _exit(code):
             handle.flush()
         except Exception:
             status = 120 if status == 0 else status
+    used = " ".join(name for name in LIBRARIES if name in sys.modules)  # names only, in one short write
+    with contextlib.suppress(OSError):  # never blocks: a script that filled the pipe has said enough
+        os.set_blocking(used_write, False)
+        os.write(used_write, used.encode()[:PIPE_BUF])
     os._exit(status)
 
 
@@ -573,14 +619,15 @@ BASE_PATH = [entry for entry in sys.path if entry and entry != os.path.dirname(o
 
 def main(argv):
     nproc_max = int(argv[1])
+    libraries = {name for name in (argv[2] if len(argv) > 2 else "").split(",") if name in LIBRARIES}
     for sig in _IGNORED:
         signal.signal(sig, signal.SIG_IGN)
     runner.sweep(0.0)  # a spare or a run left by an earlier executor
     confine.forbid_inspection()
-    spare = _serve()
+    spare = _serve(libraries)
     _prepare(spare, nproc_max)
     job = _take_job(spare)
-    _become_main(job["argv"], job["cwd"])
+    _become_main(job["argv"], job["cwd"], spare.used_write)
 
 
 if __name__ == "__main__":
