@@ -109,6 +109,15 @@ def _until_loaded(conversation: Conversation, module: str) -> dict[str, bool]:
     return seen
 
 
+def _until_settled(conversation: Conversation) -> None:
+    """Runs until one was forked from an executor that has loaded all it loads and frozen its heap (it swaps its
+    spare then, once); bounded."""
+    deadline = time.monotonic() + PRELOAD_WITHIN_S
+    code = "import gc, json; print(json.dumps({'frozen': gc.get_freeze_count() > 0}))"
+    while not _observed(conversation, code)["frozen"]:
+        assert time.monotonic() < deadline, "the executor never finished loading"
+
+
 def test_an_office_library_is_loaded_once_a_run_used_it_and_by_the_sandboxs_next_executor_too(
     runtime_factory: RuntimeFactory, containment_policy: Policy
 ) -> None:
@@ -296,6 +305,7 @@ def test_an_idle_executor_is_dropped_and_the_next_run_starts_a_fresh_one(
 ) -> None:
     conversation = _conversation(runtime_factory, containment_policy, "idle-executor")
     runtime = conversation.runtime
+    _until_settled(conversation)  # while it loads, the executor swaps its spare for one forked after the load
     before = _executor_pid(conversation)
     assert len(code_processes(runtime, conversation.id)) == 2  # the executor and its spare
     assert runtime.manager.backend.drop_idle_executors(0.0) >= 1
