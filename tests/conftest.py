@@ -198,3 +198,8 @@ def served_state(runtime_factory: RuntimeFactory, tmp_path: Path) -> Iterator[Pa
     state = tmp_path / "state"
     yield state
     runtime_factory(state_dir=state)
+
+
+def mounts_under(path: Path) -> list[str]:
+    """What is mounted at or below ``path`` on this host (from /proc/self/mounts)."""
+    return [line.split()[1] for line in Path("/proc/self/mounts").read_text().splitlines() if str(path) in line]

@@ -22,7 +22,7 @@ from mcp.client.streamable_http import streamable_http_client
 
 from sandbox_runtime.sandbox.docker.backend import DockerBackend
 from sandbox_runtime.sandbox.profile import LABEL_CONVERSATION, LABEL_POOL_SLOT, LABEL_STATE_DIR
-from tests.conftest import SESSION, TEST_LABEL, RuntimeFactory
+from tests.conftest import SESSION, TEST_LABEL, RuntimeFactory, mounts_under
 from tests.mcp_helpers import line_starting, request_meta, run_bounded, serve_command, serve_process, text_of
 
 GRACE_S = 6.0
@@ -54,10 +54,6 @@ async def _until_exists(*paths: Path) -> None:
     with anyio.fail_after(POOL_READY_S):
         while not all(path.exists() for path in paths):
             await anyio.sleep(0.05)
-
-
-def _mounts_under(path: Path) -> list[str]:
-    return [line.split()[1] for line in Path("/proc/self/mounts").read_text().splitlines() if str(path) in line]
 
 
 def _leases(state: Path) -> int:
@@ -127,7 +123,7 @@ def test_sigterm_to_an_http_server_drains_its_calls_cancels_the_late_one_cleans_
     assert seen["long_at"] - seen["signalled_at"] >= GRACE_S - 0.5  # it had its grace
     # nothing of the server is left: no pooled sandbox, no mount, no lease; the conversations' sandboxes stay
     left = _containers(docker_backend, state)
-    assert _mounts_under(state) == []
+    assert mounts_under(state) == []
     assert _leases(state) == 0
     assert sorted(str(_conversation_of(state, c)) for c in left) == ["stop-long", "stop-short"]
     runtime = runtime_factory(state_dir=state)
@@ -180,7 +176,7 @@ def test_a_second_signal_cancels_at_once_instead_of_waiting_out_the_grace(
     assert isinstance(long, types.CallToolResult)
     assert long.is_error
     assert "cancel" in text_of(long).lower()
-    assert _mounts_under(state) == []
+    assert mounts_under(state) == []
     assert _leases(state) == 0
     runtime = runtime_factory(state_dir=state)
     assert [c.status for c in runtime.conversation("impatient").calls()] == ["cancelled"]
@@ -242,7 +238,7 @@ def test_sigint_to_a_stdio_server_answers_its_call_as_cancelled_and_exits_0(
         assert process.wait(timeout=STOPPED_WITHIN_S) == 0  # its stdin still open: the signal ended it
     # what is left is the conversation's sandbox (from the pool, recorded as its own), no waiting pooled one
     assert [_conversation_of(state, c) for c in _containers(docker_backend, state)] == ["stdio-stopped"]
-    assert _mounts_under(state) == []
+    assert mounts_under(state) == []
     runtime = runtime_factory(state_dir=state)
     assert [c.status for c in runtime.conversation("stdio-stopped").calls()] == ["cancelled"]
 

@@ -20,7 +20,7 @@ from sandbox_runtime.sandbox.docker.backend import DockerBackend
 from sandbox_runtime.sandbox.manager import Removal
 from sandbox_runtime.sandbox.profile import LABEL_CONVERSATION, LABEL_RUNTIME, LABEL_STATE_DIR
 from sandbox_runtime.store.quota import attached_loop_images, loop_quota_unavailable_reason
-from tests.conftest import SESSION, TEST_LABEL, RuntimeFactory
+from tests.conftest import SESSION, TEST_LABEL, RuntimeFactory, mounts_under
 
 pytestmark = pytest.mark.docker
 
@@ -217,10 +217,6 @@ def test_closing_a_conversation_releases_its_volume_but_never_one_in_use(
     assert (conversation.folders.results / "kept.txt").read_text() == "kept"  # a use mounts it again
 
 
-def _mounts_under(path: Path) -> list[str]:
-    return [line.split()[1] for line in Path("/proc/self/mounts").read_text().splitlines() if str(path) in line]
-
-
 @needs_loop
 def test_a_runtime_on_a_temporary_directory_is_closed_and_the_directory_removed_at_once(
     docker_backend: DockerBackend, executor_image: str, tmp_path: Path
@@ -234,8 +230,8 @@ def test_a_runtime_on_a_temporary_directory_is_closed_and_the_directory_removed_
             assert runtime.pool.wait_until_ready(timeout_s=120)  # a pool slot's volume is mounted too
             result = runtime.conversation("temporary").run_python("open('/mnt/results/a.txt', 'w').write('a')")
             assert result.status == "ok"
-            assert _mounts_under(state)
-        assert _mounts_under(state) == []
+            assert mounts_under(state)
+        assert mounts_under(state) == []
         shutil.rmtree(state)  # no "Device or resource busy"
     finally:
         for info in docker_backend.list_containers({**labels, LABEL_STATE_DIR: str(state.resolve())}):

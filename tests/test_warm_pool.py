@@ -23,7 +23,7 @@ from sandbox_runtime.sandbox.backend import ContainerInfo, SandboxBackend
 from sandbox_runtime.sandbox.docker.backend import DockerBackend
 from sandbox_runtime.sandbox.profile import LABEL_CONVERSATION, LABEL_POLICY, LABEL_POOL_SLOT, LABEL_STATE_DIR
 from sandbox_runtime.store.quota import attached_loop_images
-from tests.conftest import SESSION, TEST_LABEL, RuntimeFactory
+from tests.conftest import SESSION, TEST_LABEL, RuntimeFactory, mounts_under
 
 pytestmark = pytest.mark.docker
 
@@ -61,10 +61,6 @@ def _seen(conversation: Conversation, code: str) -> dict[str, Any]:
     seen = json.loads(result.stdout.strip().splitlines()[-1])
     assert isinstance(seen, dict)
     return seen
-
-
-def _mounts_under(path: Path) -> list[str]:
-    return [line.split()[1] for line in Path("/proc/self/mounts").read_text().splitlines() if str(path) in line]
 
 
 def test_a_new_conversations_first_call_runs_in_a_pooled_sandbox_on_its_own_folder_and_quota(
@@ -107,7 +103,7 @@ print(json.dumps({"quota": stats.f_blocks * stats.f_frsize, "uid": os.getuid(), 
     runtime.close()  # the sandboxes still waiting go, with their slots; the conversation's stays
     assert [c.id for c in _pooled(docker_backend, state)] == [sandbox.container_id]
     assert not (state / "pool" / runtime.manager.lease.id).exists()
-    assert _mounts_under(state / "pool") == []
+    assert mounts_under(state / "pool") == []
 
 
 def test_pooled_sandboxes_never_carry_one_conversations_files_into_another(
@@ -218,7 +214,7 @@ def test_the_pool_of_a_killed_process_is_swept_with_its_slots_and_a_new_policy_g
         old = {c.id for c in _pooled(docker_backend, state) if c.labels.get("io.sandbox-runtime.lease") == lease}
         assert len(old) == 2
         assert all(docker_backend.inspect(i) is not None for i in old)
-        assert _mounts_under(state / "pool" / lease)
+        assert mounts_under(state / "pool" / lease)
     finally:
         os.kill(owner.pid, signal.SIGKILL)
         owner.wait(timeout=30)
@@ -230,7 +226,7 @@ def test_the_pool_of_a_killed_process_is_swept_with_its_slots_and_a_new_policy_g
     successor = _ready_pool(runtime_factory, changed, state)  # its start-up sweep ran first
     assert all(docker_backend.inspect(i) is None for i in old)
     assert not (state / "pool" / lease).exists()
-    assert _mounts_under(state / "pool" / lease) == []
+    assert mounts_under(state / "pool" / lease) == []
     assert {c.labels[LABEL_POLICY] for c in _pooled(docker_backend, state)} == {changed.digest()}
     assert successor.pool is not None
     assert successor.pool.ready() == 2

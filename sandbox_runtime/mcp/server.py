@@ -62,7 +62,7 @@ from sandbox_runtime.mcp.results import (
     call_result,
     tool_listing,
 )
-from sandbox_runtime.mcp.shutdown import CallsInFlight
+from sandbox_runtime.mcp.shutdown import STOPPING_CODE, STOPPING_MESSAGE, CallsInFlight
 from sandbox_runtime.mcp.stdio_client import ClientProcess
 from sandbox_runtime.mcp.task_methods import TaskMethods, TaskWork
 from sandbox_runtime.mcp.tasks import TaskServer, TaskStore
@@ -151,7 +151,7 @@ class McpService:
 
     def _taking_calls(self) -> None:
         if self.calls.stopping:
-            raise MCPError(code=-32000, message="the server is stopping; send the call again to its successor")
+            raise MCPError(code=STOPPING_CODE, message=STOPPING_MESSAGE)
 
     def _known_tool(self, name: str) -> None:
         if name not in self.runtime.tools:

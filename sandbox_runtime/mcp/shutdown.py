@@ -32,11 +32,13 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from sandbox_runtime.control import CallControl
 
-__all__ = ["CallsInFlight", "RefuseWhileStopping", "serve_until_signalled"]
+__all__ = ["STOPPING_CODE", "STOPPING_MESSAGE", "CallsInFlight", "RefuseWhileStopping", "serve_until_signalled"]
 
 logger = logging.getLogger(__name__)
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+STOPPING_CODE = -32000  # the JSON-RPC error of a call the stopping server did not take (a server error)
+STOPPING_MESSAGE = "the server is stopping; send the call again to its successor"
 _CANCELLED_WAIT_S = 10.0  # cancelled calls end their runs at once; a tool that ignores it is not waited on longer
 _REFUSED_METHODS = frozenset({"tools/call", "initialize"})
 
@@ -168,7 +170,7 @@ class RefuseWhileStopping:
         payload = {
             "jsonrpc": "2.0",
             "id": None,
-            "error": {"code": -32000, "message": "the server is stopping; send the call again to its successor"},
+            "error": {"code": STOPPING_CODE, "message": STOPPING_MESSAGE},
         }
         body = json.dumps(payload).encode()
         headers = [
