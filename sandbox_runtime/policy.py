@@ -40,7 +40,7 @@ __all__ = [
 MiB = 1024 * 1024
 GiB = 1024 * MiB
 CHARS_PER_TOKEN = 4  # the estimate behind every limit given in tokens: English prose and JSON average ~4
-BUILTIN_POLICY_NAMES = ("default", "strict", "gvisor")
+BUILTIN_POLICY_NAMES = ("default", "strict", "gvisor", "podman")
 _POLICY_DIR = Path(__file__).resolve().parent / "_data" / "policies"
 
 PositiveInt = Annotated[int, Field(gt=0)]
@@ -62,16 +62,22 @@ class SandboxLimits(_Model):
     open_files_max: PositiveInt = Field(1024, description="RLIMIT_NOFILE: open file descriptors per process.")
     file_size_max_bytes: PositiveInt = Field(512 * MiB, description="RLIMIT_FSIZE: largest single file.")
     cpu_time_max_s: PositiveInt = Field(3600, description="RLIMIT_CPU backstop per process, in CPU seconds.")
+    processes_per_uid_max: PositiveInt = Field(
+        16384,
+        description="RLIMIT_NPROC of the sandbox's processes. The kernel counts every process of the sandbox's uid "
+        "on the host, all runc sandboxes together (under gVisor, this sandbox's only): a backstop, where pids_max "
+        "is the bound of one sandbox. At most the engine's own limit (Podman refuses a higher one).",
+    )
 
 
 class SandboxPolicy(_Model):
     """How sandbox containers are made and how long they live."""
 
-    backend: Literal["docker", "fake"] = Field(
+    backend: Literal["docker", "podman", "fake"] = Field(
         "docker",
         description="The engine sandboxes run on: 'docker' (a Docker engine, or any engine speaking its API; "
-        "DOCKER_HOST is honoured) or 'fake' (no engine: code runs as host processes and nothing is confined; for "
-        "testing an integration).",
+        "DOCKER_HOST is honoured), 'podman' (Podman's service, through its REST API; CONTAINER_HOST is honoured) "
+        "or 'fake' (no engine: code runs as host processes and nothing is confined; for testing an integration).",
     )
     runtime: Literal["runc", "runsc"] = Field("runc", description="OCI runtime; 'runsc' is gVisor.")
     image: str | None = Field(None, description="Executor image; None means the locally built content tag.")
@@ -105,6 +111,25 @@ class PoolPolicy(_Model):
     )
     retry_after_s: PositiveFloat = Field(
         30.0, description="After a pooled sandbox failed to start, the pool waits this long before it tries again."
+    )
+
+
+class KubernetesPolicy(_Model):
+    """The Kubernetes objects a sandbox is made of (``sandbox-runtime kube manifests``)."""
+
+    namespace: str = Field(
+        "sandbox-runtime",
+        pattern=r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$",
+        description="The namespace of the sandbox pods, their claims and the deny-all NetworkPolicy: one nobody "
+        "else writes NetworkPolicies in (policies add up).",
+    )
+    gvisor_runtime_class: str = Field(
+        "gvisor", min_length=1, description="The RuntimeClass of gVisor on the cluster, for runtime = 'runsc'."
+    )
+    storage_class: str | None = Field(
+        None,
+        description="The StorageClass of the results volumes (block storage: ENOSPC at the quota); None: "
+        "the cluster's default.",
     )
 
 
@@ -375,6 +400,7 @@ class Policy(_Model):
     name: str = Field("custom", description="A label shown by doctor and ls.")
     sandbox: SandboxPolicy = SandboxPolicy()
     pool: PoolPolicy = PoolPolicy()
+    kubernetes: KubernetesPolicy = KubernetesPolicy()
     run: RunPolicy = RunPolicy()
     store: StorePolicy = StorePolicy()
     spill: SpillPolicy = SpillPolicy()

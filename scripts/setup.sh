@@ -2,12 +2,13 @@
 # Set up everything sandbox-runtime needs on a Debian/Ubuntu machine, idempotently:
 #   1. a Docker engine: a working one (Docker Desktop, a system service) is left alone; otherwise the engine is
 #      installed from the distribution's packages and started without a default bridge network (sandboxes
-#      never need one), with gVisor (runsc) registered;
+#      never need one), with gVisor (runsc) registered; and Podman's service (the "podman" backend, which the
+#      tests run the conformance, containment and client suites on too), started the same way when none answers;
 #   2. the Python package with its MCP extra and its development tools (pydantic-ai's MCP client too) in .venv;
 #   3. real upstream MCP servers for the gateway tests, in .venv-upstream;
 #   4. third-party MCP clients and servers for the interoperability tests: langchain-mcp-adapters in
 #      .venv-langchain, the MCP Inspector CLI and server-everything (Node) in .npm-tools;
-#   5. the executor image, built offline when no container registry answers.
+#   5. the executor image in each engine, built offline when no container registry answers.
 # Safe to run again: each step does nothing when its work is already done.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -45,6 +46,18 @@ else
   start_engine
 fi
 # debootstrap builds the image's base offline; mkfs.ext4 and losetup give kernel-enforced disk quotas
+# Podman, for the "podman" backend: its REST API service on its usual socket, with no network by default
+# (recommends left out: its rootless helpers and network plugins are never used here)
+podman_answers() { timeout 10 curl -sf --unix-socket /run/podman/podman.sock http://podman/_ping >/dev/null 2>&1; }
+if ! podman_answers; then
+  if ! dpkg -s podman catatonit >/dev/null 2>&1; then
+    [ "$apt_updated" -eq 1 ] || { as_root apt-get update -q >/dev/null; apt_updated=1; }
+    log "installing podman catatonit"
+    as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends podman catatonit curl \
+      >/dev/null
+  fi
+  as_root bash scripts/start-podman.sh
+fi
 apt_install debootstrap e2fsprogs mount
 # LibreOffice (headless Calc) is the second, independent reader the tests open exported XLSX files with
 apt_install libreoffice-calc-nogui
@@ -109,3 +122,4 @@ if [ "$(cat .npm-tools/.installed 2>/dev/null)" != "$NPM_TOOLS" ] \
 fi
 
 .venv/bin/sandbox-runtime image build
+.venv/bin/sandbox-runtime --policy podman image build

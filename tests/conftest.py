@@ -1,4 +1,5 @@
-"""Shared fixtures: a real Docker engine, the executor image, and runtimes cleaned up by label.
+"""Shared fixtures: real engines (Docker; Podman for the tests that name it), the executor image in each, and
+runtimes cleaned up by label.
 
 Every container a test makes carries ``io.sandbox-runtime.test=<this session>``; the session removes them all
 at the end, even when a test failed. Without an engine the Docker tests are skipped, except when ``CI`` is set:
@@ -17,16 +18,18 @@ import os
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple, TypeVar
 
 import pytest
 
 from sandbox_runtime.api.runtime import Runtime
 from sandbox_runtime.errors import EngineUnavailable
 from sandbox_runtime.policy import Policy, load_policy
+from sandbox_runtime.sandbox.backend import SandboxBackend
 from sandbox_runtime.sandbox.docker.backend import DockerBackend
 from sandbox_runtime.sandbox.fake.backend import FakeBackend
 from sandbox_runtime.sandbox.image import build_executor_image, executor_image_tag
+from sandbox_runtime.sandbox.podman.backend import PodmanBackend
 from sandbox_runtime.sandbox.profile import LABEL_RUNTIME
 from sandbox_runtime.store.quota import QuotaMode
 from sandbox_runtime.store.safe_paths import ResultsRoot
@@ -36,64 +39,122 @@ SESSION = uuid.uuid4().hex[:12]
 RuntimeFactory = Callable[..., Runtime]
 
 
+# the engines the tests start sandboxes on: each one's backend fixture, and the variable its client reads
+ENGINE_FIXTURES = {"docker": "docker_backend", "podman": "podman_backend"}
+ENGINE_VARIABLES = {"docker": "DOCKER_HOST", "podman": "CONTAINER_HOST"}
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Mark every test that uses the Docker engine (through any fixture) ``docker``."""
+    """Mark every test that uses an engine (through any fixture) with that engine's name."""
     for item in items:
-        if "docker_backend" in getattr(item, "fixturenames", ()):
-            item.add_marker(pytest.mark.docker)
+        for engine, fixture in ENGINE_FIXTURES.items():
+            if fixture in getattr(item, "fixturenames", ()):
+                item.add_marker(getattr(pytest.mark, engine))
 
 
 NO_ENGINE = "unix:///nonexistent/sandbox-runtime-tests-no-engine.sock"
 
 
 @pytest.fixture(autouse=True)
-def _engine_only_for_docker_tests(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A test not marked docker gets no engine: a Docker client it (or a process it starts) makes cannot connect."""
-    if request.node.get_closest_marker("docker") is None:
-        monkeypatch.setenv("DOCKER_HOST", NO_ENGINE)
+def _engine_only_for_engine_tests(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A test not marked with an engine gets no such engine: a client it (or a process it starts) makes cannot
+    connect."""
+    for engine, variable in ENGINE_VARIABLES.items():
+        if request.node.get_closest_marker(engine) is None:
+            monkeypatch.setenv(variable, NO_ENGINE)
 
 
 def _runsc_installed(backend: DockerBackend) -> bool:
     return "runsc" in backend.engine_info().runtimes
 
 
-@pytest.fixture(scope="session")
-def docker_backend() -> Iterator[DockerBackend]:
-    """The real engine; a missing engine fails the run under CI and skips Docker tests elsewhere."""
+Engine = TypeVar("Engine", bound=DockerBackend)
+
+
+def _engine(backend_class: type[Engine]) -> Iterator[Engine]:
+    """A real engine for the session; one that is missing fails the run under CI and skips its tests elsewhere.
+    Afterwards every container the session made on it is removed."""
     try:
-        backend = DockerBackend()
+        backend = backend_class()
         backend.engine_info()
     except EngineUnavailable as exc:
         if os.environ.get("CI"):
-            pytest.fail(f"CI is set but the Docker engine is not reachable: {exc}")
-        pytest.skip(f"no Docker engine: {exc}")
+            pytest.fail(f"CI is set but the {backend_class.name} engine is not reachable: {exc}")
+        pytest.skip(f"no {backend_class.name} engine: {exc}")
     yield backend
     for info in backend.list_containers({TEST_LABEL: SESSION}):
         backend.remove(info.id)
     backend.close()
 
 
+def _image_on(backend: DockerBackend) -> str:
+    """The executor image in this engine's store, built (offline when no registry answers) when it is missing."""
+    tag = executor_image_tag()
+    return tag if backend.image_exists(tag) else build_executor_image(backend).tag
+
+
+@pytest.fixture(scope="session")
+def docker_backend() -> Iterator[DockerBackend]:
+    """The Docker engine."""
+    yield from _engine(DockerBackend)
+
+
+@pytest.fixture(scope="session")
+def podman_backend() -> Iterator[PodmanBackend]:
+    """The Podman service (``CONTAINER_HOST``, or its usual socket, where ``scripts/start-podman.sh`` starts it)."""
+    yield from _engine(PodmanBackend)
+
+
 @pytest.fixture(scope="session")
 def executor_image(docker_backend: DockerBackend) -> str:
-    """The executor image, built (offline when no registry answers) when it is missing."""
-    return (
-        build_executor_image(docker_backend).tag
-        if not docker_backend.image_exists(executor_image_tag())
-        else executor_image_tag()
-    )
+    """The executor image on Docker."""
+    return _image_on(docker_backend)
+
+
+@pytest.fixture(scope="session")
+def podman_image(podman_backend: PodmanBackend) -> str:
+    """The executor image on Podman."""
+    return _image_on(podman_backend)
+
+
+# the built-in policies that put the same test on each real engine: parametrise ``engine_policy`` with these
+ENGINE_POLICIES = [pytest.param("default", id="docker"), pytest.param("podman", id="podman", marks=pytest.mark.podman)]
+
+
+@pytest.fixture
+def engine_policy() -> str:
+    """The built-in policy a test's runtimes (and the ``serve`` it starts) use when it names none: Docker's default.
+    A test that must pass on every engine is parametrised with :data:`ENGINE_POLICIES` instead."""
+    return "default"
 
 
 @pytest.fixture
 def docker_runtime_factory(
-    docker_backend: DockerBackend, executor_image: str, tmp_path_factory: pytest.TempPathFactory
+    request: pytest.FixtureRequest,
+    docker_backend: DockerBackend,
+    engine_policy: str,
+    tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[RuntimeFactory]:
-    """Make runtimes on the Docker engine on fresh state directories; every conversation they made is deleted
-    afterwards."""
+    """Make runtimes on a real engine on fresh state directories: Docker, or the engine the policy names
+    (``podman``); every conversation they made is deleted afterwards."""
     made: list[Runtime] = []
+    engines: dict[str, tuple[DockerBackend, str]] = {}
 
-    def make(policy: Policy | str = "default", state_dir: Path | None = None, **kwargs: Any) -> Runtime:
+    def engine_of(policy: Policy | str) -> tuple[DockerBackend, str]:
+        """The engine a policy names, and the executor image there (fixtures asked for once, before teardown)."""
+        engine = (load_policy(policy) if isinstance(policy, str) else policy).sandbox.backend
+        if engine not in engines:
+            image_fixture = "executor_image" if engine == "docker" else f"{engine}_image"
+            engines[engine] = request.getfixturevalue(ENGINE_FIXTURES[engine]), request.getfixturevalue(image_fixture)
+        return engines[engine]
+
+    engines["docker"] = docker_backend, request.getfixturevalue("executor_image")
+    engine_of(engine_policy)  # the teardown's runtimes (``served_state``) are made on it
+
+    def make(policy: Policy | str | None = None, state_dir: Path | None = None, **kwargs: Any) -> Runtime:
+        policy = engine_policy if policy is None else policy
         options: dict[str, Any] = {
-            "image": executor_image,
+            "image": engine_of(policy)[1],
             "reap_interval_s": None,
             "retention_interval_s": None,
             **kwargs,
@@ -110,8 +171,9 @@ def docker_runtime_factory(
     yield make
     for runtime in made:
         _delete_everything(runtime)
-    for info in docker_backend.list_containers({TEST_LABEL: SESSION, LABEL_RUNTIME: "1"}):
-        docker_backend.remove(info.id)
+    for backend, _image in engines.values():
+        for info in backend.list_containers({TEST_LABEL: SESSION, LABEL_RUNTIME: "1"}):
+            backend.remove(info.id)
 
 
 def _delete_everything(runtime: Runtime) -> None:
@@ -175,9 +237,9 @@ def root(results: Path) -> ResultsRoot:
 
 
 def policy_under(runtime: str, docker_backend: DockerBackend) -> Policy:
-    """The default policy under runc, or under runsc where installed (required when CI is set)."""
-    if runtime == "runc":
-        return load_policy("default")
+    """The default policy under runc, under runsc where installed (required when CI is set), or on Podman."""
+    if runtime in ("runc", "podman"):
+        return load_policy("default" if runtime == "runc" else "podman")
     if not _runsc_installed(docker_backend):
         if os.environ.get("CI"):
             pytest.fail("CI is set but runsc (gVisor) is not registered with the engine")
@@ -185,10 +247,58 @@ def policy_under(runtime: str, docker_backend: DockerBackend) -> Policy:
     return load_policy("gvisor")
 
 
-@pytest.fixture(scope="session", params=["runc", "runsc"])
+@pytest.fixture(scope="session", params=["runc", "runsc", pytest.param("podman", marks=pytest.mark.podman)])
 def containment_policy(request: pytest.FixtureRequest, docker_backend: DockerBackend) -> Policy:
-    """The default policy under runc, and under runsc where installed (required when CI is set)."""
+    """The default policy under runc, under runsc where installed (required when CI is set), and on Podman."""
     return policy_under(request.param, docker_backend)
+
+
+@pytest.fixture(scope="session", params=["runc", "runsc"])
+def docker_policy(request: pytest.FixtureRequest, docker_backend: DockerBackend) -> Policy:
+    """The default policy on Docker under runc, and under runsc where installed (required when CI is set)."""
+    return policy_under(request.param, docker_backend)
+
+
+class Subject(NamedTuple):
+    """A backend under test: how to make runtimes on it (under its policy unless one is given), the backend
+    itself, and its policy."""
+
+    make: RuntimeFactory
+    backend: SandboxBackend
+    policy: Policy
+
+    def enforces(self, protection: str) -> None:
+        """Skip the test when the backend declares that it leaves this protection out (its ``not_enforced``
+        entry starts with the protection's name); a backend that confines applies every one."""
+        left_out = [said for said in self.backend.not_enforced if said.startswith(f"{protection}:")]
+        if left_out:
+            pytest.skip(f"the {self.backend.name} backend declares it: {left_out[0]}")
+
+
+@pytest.fixture(
+    params=[
+        "fake",
+        pytest.param("docker-runc", marks=pytest.mark.docker),
+        pytest.param("docker-runsc", marks=pytest.mark.docker),
+        pytest.param("podman-runc", marks=[pytest.mark.docker, pytest.mark.podman]),
+    ]
+)
+def subject(request: pytest.FixtureRequest) -> Subject:
+    """Each backend in turn (the fake, Docker under runc and runsc, Podman): the conformance, containment and
+    code-mode suites run on every one. A new backend joins by adding its parameter here."""
+    if request.param == "fake":
+        make: RuntimeFactory = request.getfixturevalue("fake_runtime_factory")
+        policy = load_policy("default")
+    else:
+        make = request.getfixturevalue("docker_runtime_factory")
+        engine, _, runtime = request.param.partition("-")
+        policy = policy_under(runtime if engine == "docker" else engine, request.getfixturevalue("docker_backend"))
+    backend = make(policy).backend
+
+    def make_under_policy(changed: Policy | None = None, **options: Any) -> Runtime:
+        return make(policy if changed is None else changed, **options)
+
+    return Subject(make_under_policy, backend, policy)
 
 
 @pytest.fixture

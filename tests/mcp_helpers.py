@@ -49,7 +49,7 @@ def run_bounded(scenario: Callable[..., Awaitable[T]], *args: Any, limit_s: floa
     return anyio.run(bounded)
 
 
-def serve_command(state_dir: Path, *serve_args: str, policy: Path | None = None) -> list[str]:
+def serve_command(state_dir: Path, *serve_args: str, policy: Path | str | None = None) -> list[str]:
     """The command line of ``sandbox-runtime serve`` run by this interpreter."""
     command = [sys.executable, "-m", "sandbox_runtime.cli.main", "--state-dir", str(state_dir)]
     command += ["--label", f"{TEST_LABEL}={SESSION}"]  # cleaned up by label like every test sandbox
@@ -58,7 +58,7 @@ def serve_command(state_dir: Path, *serve_args: str, policy: Path | None = None)
     return [*command, "serve", *serve_args]
 
 
-def stdio_params(state_dir: Path, *serve_args: str, policy: Path | None = None) -> StdioServerParameters:
+def stdio_params(state_dir: Path, *serve_args: str, policy: Path | str | None = None) -> StdioServerParameters:
     command = serve_command(state_dir, *serve_args, policy=policy)
     return StdioServerParameters(command=command[0], args=command[1:], env={"PATH": os.environ.get("PATH", "")})
 
@@ -109,7 +109,7 @@ def http_server(
     state_dir: Path,
     *serve_args: str,
     env: dict[str, str] | None = None,
-    policy: Path | None = None,
+    policy: Path | str | None = None,
     host: str = "127.0.0.1",
 ) -> Iterator[str]:
     """``serve --http HOST:0`` in a subprocess; yields the endpoint URL it printed; stops it by pid (SIGTERM, then

@@ -380,7 +380,6 @@ def test_a_source_that_grows_past_the_cap_while_it_is_read_is_refused_and_nothin
 WRITE_REPORT = "import os\nopen('/mnt/results/exports/report.bin', 'wb').write(os.urandom(24 << 20))\n"
 
 
-@pytest.mark.docker
 def test_through_a_runtime_eight_attaches_of_a_24_mib_report_in_one_turn_are_one_copy_each_read_back(
     runtime_factory: RuntimeFactory,
 ) -> None:
@@ -404,7 +403,6 @@ def test_through_a_runtime_eight_attaches_of_a_24_mib_report_in_one_turn_are_one
     assert (usage.attachments, usage.bytes, usage.max_bytes, usage.files_max) == (8, 24 * MiB, 32 * MiB, 8)
 
 
-@pytest.mark.docker
 def test_through_a_runtime_a_file_past_the_attachments_quota_is_a_tool_error_and_nothing_is_recorded(
     runtime_factory: RuntimeFactory,
 ) -> None:

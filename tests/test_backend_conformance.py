@@ -1,7 +1,7 @@
 """The conformance suite: what every sandbox backend must do for the runtime, run against Docker with runc, Docker
-with runsc (gVisor) and the shipped fake. A new backend (Kubernetes, say) joins the parameter list and passes the
-same tests; what a backend does not enforce it declares (``confines``, ``not_enforced``), and only then may a
-test of that protection be left out for it.
+with runsc (gVisor), Podman with runc and the shipped fake. A new backend (Kubernetes, say) joins the parameter
+list and passes the same tests; what a backend does not enforce it declares (``confines``, ``not_enforced``), and
+only then may a test of that protection be left out for it.
 
 The scripts use relative paths (every run starts in the results folder) so that one text runs on every backend.
 """
@@ -12,15 +12,13 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import NamedTuple
 
 import pytest
 
-from sandbox_runtime.api.runtime import Runtime
 from sandbox_runtime.control import CallControl
 from sandbox_runtime.errors import SandboxGone
-from sandbox_runtime.policy import Policy, load_policy
-from sandbox_runtime.sandbox.backend import ExecRequest, SandboxBackend
+from sandbox_runtime.policy import Policy
+from sandbox_runtime.sandbox.backend import ExecRequest
 from sandbox_runtime.sandbox.profile import (
     LABEL_CONVERSATION,
     LABEL_CREATED_AT,
@@ -31,39 +29,9 @@ from sandbox_runtime.sandbox.profile import (
 )
 from sandbox_runtime.tools.run_python import RunPythonResult, run_python
 
-from .conftest import RuntimeFactory, policy_under
+from .conftest import Subject
 
 WAIT_S = 60.0  # the longest any wait here may take
-
-
-class Subject(NamedTuple):
-    """A backend under test: how to make runtimes on it, the backend itself, and its policy."""
-
-    make: RuntimeFactory
-    backend: SandboxBackend
-    policy: Policy
-
-
-@pytest.fixture(
-    params=[
-        "fake",
-        pytest.param("docker-runc", marks=pytest.mark.docker),
-        pytest.param("docker-runsc", marks=pytest.mark.docker),
-    ]
-)
-def subject(request: pytest.FixtureRequest) -> Subject:
-    if request.param == "fake":
-        make: RuntimeFactory = request.getfixturevalue("fake_runtime_factory")
-        policy = load_policy("default")
-    else:
-        make = request.getfixturevalue("docker_runtime_factory")
-        policy = policy_under(request.param.removeprefix("docker-"), request.getfixturevalue("docker_backend"))
-    backend = make(policy).backend
-
-    def make_under_policy(**options: object) -> Runtime:
-        return make(policy, **options)
-
-    return Subject(make_under_policy, backend, policy)
 
 
 def _wait_for(condition: Callable[[], bool], timeout_s: float = WAIT_S) -> bool:

@@ -28,8 +28,6 @@ from sandbox_runtime.policy import Policy
 from sandbox_runtime.tools.run_python import RunPythonResult, run_python
 from tests.sandbox_processes import code_processes, run_processes, sandbox_container
 
-pytestmark = pytest.mark.docker
-
 RuntimeFactory = Callable[..., Runtime]
 
 CANCEL_RETURNS_WITHIN_S = 3.0  # the backend ends every process within 2 s; the rest is reading and classifying

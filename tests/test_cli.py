@@ -22,8 +22,6 @@ from sandbox_runtime.sandbox.profile import LABEL_CONVERSATION
 from tests.conftest import SESSION, TEST_LABEL
 from tests.mcp_helpers import serve_command
 
-pytestmark = pytest.mark.docker
-
 
 def cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
@@ -183,7 +181,7 @@ def test_version_is_the_installed_one_from_the_script_and_from_python_m() -> Non
         assert (done.returncode, done.stdout.strip(), done.stderr) == (0, expected, "")
 
 
-def test_python_m_sandbox_runtime_is_the_same_command(tmp_path: Path) -> None:
+def test_python_m_sandbox_runtime_is_the_same_command(tmp_path: Path, docker_backend: DockerBackend) -> None:
     done = subprocess.run(
         [sys.executable, "-m", "sandbox_runtime", "--state-dir", str(tmp_path), "ls", "--json"],
         capture_output=True,

@@ -14,6 +14,7 @@ import pytest
 from sandbox_runtime.cli.sample_data import make_sample_database
 from tests.client_helpers import INSPECTOR, REPO, require
 from tests.clients.walk import STDOUT_CODE, STDOUT_LINE
+from tests.conftest import ENGINE_POLICIES
 from tests.mcp_helpers import BUILTIN_TOOLS, serve_command
 
 INSPECTOR_TIMEOUT_S = 120.0
@@ -61,10 +62,13 @@ def test_the_inspector_lists_every_tool_with_a_title_and_annotations(
     assert tools["run_python"]["annotations"]["readOnlyHint"] is False
 
 
-def test_the_inspector_calls_run_python_and_shows_its_stdout_first(inspector: Path, served_state: Path) -> None:
+@pytest.mark.parametrize("engine_policy", ENGINE_POLICIES)
+def test_the_inspector_calls_run_python_and_shows_its_stdout_first(
+    inspector: Path, served_state: Path, engine_policy: str
+) -> None:
     called = inspect(
         inspector,
-        serve_command(served_state),
+        serve_command(served_state, policy=engine_policy),
         "tools/call",
         "--tool-name",
         "run_python",

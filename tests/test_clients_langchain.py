@@ -24,7 +24,7 @@ from tests.client_helpers import (
     server_env,
     watching_sandboxes,
 )
-from tests.conftest import RuntimeFactory
+from tests.conftest import ENGINE_POLICIES, RuntimeFactory
 from tests.mcp_helpers import BUILTIN_TOOLS, http_server, serve_command
 
 DRIVER = "tests.clients.langchain_driver"
@@ -63,10 +63,11 @@ def test_langchain_starting_a_server_process_per_call_keeps_one_conversation_and
     assert most_alive_at_once(sandbox_events) == 1, sandbox_events
 
 
+@pytest.mark.parametrize("engine_policy", ENGINE_POLICIES)
 def test_langchain_over_http_with_a_session_per_call_keeps_the_paths_it_was_given(
-    runtime_factory: RuntimeFactory, served_state: Path, database: Path, langchain_python: Path
+    runtime_factory: RuntimeFactory, served_state: Path, database: Path, langchain_python: Path, engine_policy: str
 ) -> None:
-    with http_server(served_state, "--database", str(database)) as url:
+    with http_server(served_state, "--database", str(database), policy=engine_policy) as url:
         connection = {"transport": "streamable_http", "url": url, "timeout": CALL_TIMEOUT_S}
         report = run_driver(langchain_python, DRIVER, {"connection": connection, "timeout_s": CALL_TIMEOUT_S})
 

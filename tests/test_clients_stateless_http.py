@@ -22,7 +22,7 @@ from tests.client_helpers import (
     check_what_the_model_received,
 )
 from tests.clients.walk import ScriptedModel
-from tests.conftest import RuntimeFactory
+from tests.conftest import ENGINE_POLICIES, RuntimeFactory
 from tests.mcp_helpers import BUILTIN_TOOLS, http_server, run_bounded
 
 STATELESS = "2026-07-28"
@@ -60,10 +60,11 @@ async def _stateless_walk(url: str) -> dict[str, Any]:
     return {**model.report(), "offered": offered, "sent": sent}
 
 
+@pytest.mark.parametrize("engine_policy", ENGINE_POLICIES)
 def test_a_stateless_client_keeps_its_paths_valid_from_one_request_to_the_next(
-    runtime_factory: RuntimeFactory, served_state: Path, database: Path
+    runtime_factory: RuntimeFactory, served_state: Path, database: Path, engine_policy: str
 ) -> None:
-    with http_server(served_state, "--database", str(database)) as url:
+    with http_server(served_state, "--database", str(database), policy=engine_policy) as url:
         report = run_bounded(_stateless_walk, url)
 
     # what the stateless era sent: no handshake, no session, the version on every request

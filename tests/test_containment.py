@@ -1,11 +1,14 @@
 """Containment, tried from inside a real sandbox: the "Escape" and "Resources" rows of SECURITY.md's catalogue.
 
 Every test runs hostile code through ``run_python`` in its own conversation, has the code print one JSON line
-describing what it observed, and asserts on that observation (and on the run's status). Every test runs under
-runc and under runsc (gVisor) through the ``containment_policy`` fixture; where the two kernels legitimately
-differ, the difference is stated at the assertion (under gVisor a fork bomb or an out-of-memory kill can end the
-whole sandbox; the run is then classified and the next run gets a fresh sandbox). Where the runtime's fail-closed
-self-check refuses runsc on this host, the runsc tests are skipped, and fail under CI.
+describing what it observed, and asserts on that observation (and on the run's status). Every test runs on each
+backend (``subject``: Docker under runc and runsc, Podman, and the fake), and is left out only for a backend that
+declares the protection it tries in its ``not_enforced`` (the fake declares network, identity, filesystem,
+resources and processes; what it keeps, such as output caps and time limits, it is held to here too). Where the
+two kernels legitimately differ, the difference is stated at the assertion (under gVisor a fork bomb or an
+out-of-memory kill can end the whole sandbox; the run is then classified and the next run gets a fresh sandbox).
+Where the runtime's fail-closed self-check refuses runsc on this host, the runsc tests are skipped, and fail under
+CI.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ import os
 import socket
 import textwrap
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -26,8 +29,7 @@ from sandbox_runtime.api.runtime import Conversation, Runtime
 from sandbox_runtime.policy import Policy
 from sandbox_runtime.sandbox.profile import exec_environment
 from sandbox_runtime.tools.run_python import RunPythonResult
-
-RuntimeFactory = Callable[..., Runtime]
+from tests.conftest import Subject
 
 SIGABRT_EXIT = 128 + 6
 
@@ -37,18 +39,18 @@ def _is_gvisor(policy: Policy) -> bool:
     return policy.sandbox.runtime == "runsc"
 
 
-def _runtime(runtime_factory: RuntimeFactory, policy: Policy) -> Runtime:
+def _runtime(subject: Subject) -> Runtime:
     """A runtime whose fail-closed self-check passed (its report is kept, so no second canary starts)."""
-    runtime = runtime_factory(policy)
+    runtime = subject.make()
     report = runtime.doctor()
-    if not report.ok and _is_gvisor(policy) and not os.environ.get("CI"):
+    if not report.ok and _is_gvisor(subject.policy) and not os.environ.get("CI"):
         pytest.skip(f"runsc is registered, but the runtime refuses it on this host: {report.summary()}")
     assert report.ok, report.summary()
     return runtime
 
 
-def _conversation(runtime_factory: RuntimeFactory, policy: Policy, name: str) -> Conversation:
-    return _runtime(runtime_factory, policy).conversation(f"{name}-{uuid.uuid4().hex[:8]}")
+def _conversation(subject: Subject, name: str) -> Conversation:
+    return _runtime(subject).conversation(f"{name}-{uuid.uuid4().hex[:8]}")
 
 
 def _run(conversation: Conversation, code: str, **kwargs: Any) -> RunPythonResult:
@@ -76,9 +78,9 @@ def _assert_next_run_ok(conversation: Conversation) -> None:
 
 
 # Escape ------------------------------------------------------------------------------------------------------
-@pytest.mark.docker
-def test_code_cannot_create_a_user_namespace(runtime_factory: RuntimeFactory, containment_policy: Policy) -> None:
-    conversation = _conversation(runtime_factory, containment_policy, "userns")
+def test_code_cannot_create_a_user_namespace(subject: Subject) -> None:
+    subject.enforces("identity")
+    conversation = _conversation(subject, "userns")
     seen = _ok_json(
         conversation,
         """
@@ -89,17 +91,15 @@ def test_code_cannot_create_a_user_namespace(runtime_factory: RuntimeFactory, co
         """,
     )
     assert seen["rc"] == -1, seen
-    if _is_gvisor(containment_policy):
+    if _is_gvisor(subject.policy):
         assert seen["errno"] != 0, seen  # gVisor's own kernel decides the errno; refused is what matters
     else:
         assert seen["errno"] == errno.EPERM, seen
 
 
-@pytest.mark.docker
-def test_code_is_refused_mount_keyctl_bpf_setns_and_ptrace_of_pid_1(
-    runtime_factory: RuntimeFactory, containment_policy: Policy
-) -> None:
-    conversation = _conversation(runtime_factory, containment_policy, "syscalls")
+def test_code_is_refused_mount_keyctl_bpf_setns_and_ptrace_of_pid_1(subject: Subject) -> None:
+    subject.enforces("identity")
+    conversation = _conversation(subject, "syscalls")
     seen = _ok_json(
         conversation,
         """
@@ -135,11 +135,9 @@ def test_code_is_refused_mount_keyctl_bpf_setns_and_ptrace_of_pid_1(
         assert outcome["errno"] != 0, (name, outcome)
 
 
-@pytest.mark.docker
-def test_code_runs_with_no_capabilities_no_new_privileges_and_seccomp(
-    runtime_factory: RuntimeFactory, containment_policy: Policy
-) -> None:
-    conversation = _conversation(runtime_factory, containment_policy, "status")
+def test_code_runs_with_no_capabilities_no_new_privileges_and_seccomp(subject: Subject) -> None:
+    subject.enforces("identity")
+    conversation = _conversation(subject, "status")
     seen = _ok_json(
         conversation,
         """
@@ -155,19 +153,17 @@ def test_code_runs_with_no_capabilities_no_new_privileges_and_seccomp(
     for cap in ("CapEff", "CapPrm", "CapBnd"):
         assert int(seen[cap], 16) == 0, (cap, seen[cap])
     assert int(seen.get("CapAmb", "0"), 16) == 0, seen  # gVisor's kernel reports no ambient set
-    assert seen["Uid"].split()[0] == str(containment_policy.sandbox.uid), seen["Uid"]
+    assert seen["Uid"].split()[0] == str(subject.policy.sandbox.uid), seen["Uid"]
     assert seen["Seccomp"] == "2", seen  # the runner installs its own filter; Docker's applies too under runc
-    if not _is_gvisor(containment_policy):
+    if not _is_gvisor(subject.policy):
         # Meaningless under gVisor: its /proc/self/status describes gVisor's own kernel, which has no NoNewPrivs
         # field (no-new-privileges is still set on the container; the self-check verifies that on the host)
         assert seen["NoNewPrivs"] == "1", seen
 
 
-@pytest.mark.docker
-def test_code_cannot_write_the_root_filesystem_etc_or_proc_sys(
-    runtime_factory: RuntimeFactory, containment_policy: Policy
-) -> None:
-    conversation = _conversation(runtime_factory, containment_policy, "rofs")
+def test_code_cannot_write_the_root_filesystem_etc_or_proc_sys(subject: Subject) -> None:
+    subject.enforces("filesystem")
+    conversation = _conversation(subject, "rofs")
     seen = _ok_json(
         conversation,
         """
@@ -199,14 +195,14 @@ def test_code_cannot_write_the_root_filesystem_etc_or_proc_sys(
         assert err in refused, (path, errno.errorcode.get(err, err))
 
 
-@pytest.mark.docker
 def test_code_sees_only_the_allow_listed_environment_and_no_host_secret(
-    runtime_factory: RuntimeFactory, containment_policy: Policy, monkeypatch: pytest.MonkeyPatch
+    subject: Subject, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    subject.enforces("identity")
     secret_name = f"SANDBOX_TEST_HOST_SECRET_{uuid.uuid4().hex[:8].upper()}"
     secret_value = f"host-secret-{uuid.uuid4().hex}"
     monkeypatch.setenv(secret_name, secret_value)
-    conversation = _conversation(runtime_factory, containment_policy, "env")
+    conversation = _conversation(subject, "env")
     seen = _ok_json(
         conversation,
         """
@@ -224,7 +220,7 @@ def test_code_sees_only_the_allow_listed_environment_and_no_host_secret(
     # Docker itself adds HOSTNAME (the container's fixed hostname, "sandbox", not the host's) to every exec
     env = dict(seen["env"])
     assert env.pop("HOSTNAME", "sandbox") == "sandbox", seen["env"]
-    assert env == exec_environment(containment_policy), seen["env"]
+    assert env == exec_environment(subject.policy), seen["env"]
     assert socket.gethostname() not in env.values()
     assert "1" in seen["environs"], seen["environs"]
     for pid, environ in seen["environs"].items():
@@ -232,7 +228,7 @@ def test_code_sees_only_the_allow_listed_environment_and_no_host_secret(
             continue  # not readable: nothing leaks through it
         assert secret_name not in environ, pid
         assert secret_value not in environ, pid
-    allowed = exec_environment(containment_policy)
+    allowed = exec_environment(subject.policy)
     readable = [environ for environ in seen["environs"].values() if isinstance(environ, str)]
     leaked = [
         key
@@ -243,9 +239,9 @@ def test_code_sees_only_the_allow_listed_environment_and_no_host_secret(
     assert leaked == [], leaked  # no variable of the test process, with its value, is seen inside
 
 
-@pytest.mark.docker
-def test_code_sees_only_the_loopback_interface(runtime_factory: RuntimeFactory, containment_policy: Policy) -> None:
-    conversation = _conversation(runtime_factory, containment_policy, "netif")
+def test_code_sees_only_the_loopback_interface(subject: Subject) -> None:
+    subject.enforces("network")
+    conversation = _conversation(subject, "netif")
     seen = _ok_json(
         conversation,
         """
@@ -269,12 +265,10 @@ def host_listener() -> Iterator[socket.socket]:
     listener.close()
 
 
-@pytest.mark.docker
-def test_code_cannot_connect_to_a_listener_on_the_host_loopback(
-    runtime_factory: RuntimeFactory, containment_policy: Policy, host_listener: socket.socket
-) -> None:
+def test_code_cannot_connect_to_a_listener_on_the_host_loopback(subject: Subject, host_listener: socket.socket) -> None:
+    subject.enforces("network")
     port = host_listener.getsockname()[1]
-    conversation = _conversation(runtime_factory, containment_policy, "hostlo")
+    conversation = _conversation(subject, "hostlo")
     seen = _ok_json(
         conversation,
         """
@@ -302,13 +296,11 @@ def test_code_cannot_connect_to_a_listener_on_the_host_loopback(
 
 
 # Resources ---------------------------------------------------------------------------------------------------
-@pytest.mark.docker
-def test_fork_bomb_meets_the_pids_limit_and_the_next_run_works(
-    runtime_factory: RuntimeFactory, containment_policy: Policy
-) -> None:
-    pids_max = containment_policy.sandbox.limits.pids_max
+def test_fork_bomb_meets_the_pids_limit_and_the_next_run_works(subject: Subject) -> None:
+    subject.enforces("resources")
+    pids_max = subject.policy.sandbox.limits.pids_max
     timeout_s = 5.0
-    conversation = _conversation(runtime_factory, containment_policy, "forkbomb")
+    conversation = _conversation(subject, "forkbomb")
     result = _run(
         conversation,
         """
@@ -330,7 +322,7 @@ def test_fork_bomb_meets_the_pids_limit_and_the_next_run_works(
         timeout_s=timeout_s,
     )
     # the run ends by itself (or by the runner at its limit), never only by the host's backstop
-    assert result.duration_s < timeout_s + containment_policy.run.kill_grace_s + 5, result
+    assert result.duration_s < timeout_s + subject.policy.run.kill_grace_s + 5, result
     assert result.status in {"ok", "error", "timeout", "memory_limit"}, result
     if result.stdout.strip():
         seen = _observed(result)
@@ -339,15 +331,13 @@ def test_fork_bomb_meets_the_pids_limit_and_the_next_run_works(
     else:
         # gVisor may end the whole sandbox at the limit instead of returning EAGAIN; the host is unaffected
         # and the conversation must carry on (the next run below)
-        assert _is_gvisor(containment_policy), (result.status, result.exit_code, result.stderr[-2000:])
+        assert _is_gvisor(subject.policy), (result.status, result.exit_code, result.stderr[-2000:])
     _assert_next_run_ok(conversation)
 
 
-@pytest.mark.docker
-def test_allocating_10_gb_ends_the_run_with_memory_limit(
-    runtime_factory: RuntimeFactory, containment_policy: Policy
-) -> None:
-    conversation = _conversation(runtime_factory, containment_policy, "oom")
+def test_allocating_10_gb_ends_the_run_with_memory_limit(subject: Subject) -> None:
+    subject.enforces("resources")
+    conversation = _conversation(subject, "oom")
     result = _run(
         conversation,
         """
@@ -363,11 +353,9 @@ def test_allocating_10_gb_ends_the_run_with_memory_limit(
     _assert_next_run_ok(conversation)
 
 
-@pytest.mark.docker
-def test_a_child_killed_for_memory_is_reported_even_when_the_parent_exits_0(
-    runtime_factory: RuntimeFactory, containment_policy: Policy
-) -> None:
-    conversation = _conversation(runtime_factory, containment_policy, "childoom")
+def test_a_child_killed_for_memory_is_reported_even_when_the_parent_exits_0(subject: Subject) -> None:
+    subject.enforces("resources")
+    conversation = _conversation(subject, "childoom")
     result = _run(
         conversation,
         """
@@ -380,18 +368,16 @@ def test_a_child_killed_for_memory_is_reported_even_when_the_parent_exits_0(
     )
     assert result.status == "memory_limit", (result.status, result.exit_code, result.stderr[-2000:])
     # under gVisor an OOM may end the whole sandbox, parent included: then the status is what must still hold
-    if result.stdout.strip() or not _is_gvisor(containment_policy):
+    if result.stdout.strip() or not _is_gvisor(subject.policy):
         assert _observed(result) == {"child_returncode": -9}  # SIGKILL from the OOM killer
         assert result.exit_code == 0, result
     _assert_next_run_ok(conversation)
 
 
-@pytest.mark.docker
-def test_filling_tmp_fails_with_enospc_at_the_tmpfs_size(
-    runtime_factory: RuntimeFactory, containment_policy: Policy
-) -> None:
-    tmpfs_bytes = containment_policy.sandbox.limits.tmpfs_bytes
-    conversation = _conversation(runtime_factory, containment_policy, "tmpfull")
+def test_filling_tmp_fails_with_enospc_at_the_tmpfs_size(subject: Subject) -> None:
+    subject.enforces("resources")
+    tmpfs_bytes = subject.policy.sandbox.limits.tmpfs_bytes
+    conversation = _conversation(subject, "tmpfull")
     seen = _ok_json(
         conversation,
         """
@@ -416,11 +402,8 @@ def test_filling_tmp_fails_with_enospc_at_the_tmpfs_size(
     assert 0 < seen["written"] <= tmpfs_bytes, seen
 
 
-@pytest.mark.docker
-def test_printing_forever_ends_with_output_limit_and_capped_stdout(
-    runtime_factory: RuntimeFactory, containment_policy: Policy
-) -> None:
-    conversation = _conversation(runtime_factory, containment_policy, "flood")
+def test_printing_forever_ends_with_output_limit_and_capped_stdout(subject: Subject) -> None:
+    conversation = _conversation(subject, "flood")
     result = _run(
         conversation,
         """
@@ -429,24 +412,21 @@ def test_printing_forever_ends_with_output_limit_and_capped_stdout(
         """,
         timeout_s=60,
     )
-    cap = containment_policy.run.stdout_max_bytes
+    cap = subject.policy.run.stdout_max_bytes
     assert result.status == "output_limit", (result.status, result.exit_code, result.stderr[-2000:])
     assert 0 < len(result.stdout.encode()) <= cap
     assert cap < result.stdout_bytes <= cap + 1, result.stdout_bytes  # the runner relays cap + 1, then kills
     assert result.output_path is not None
     saved = conversation.folders.results / Path(result.output_path).relative_to(
-        containment_policy.sandbox.results_mount_path
+        subject.policy.sandbox.results_mount_path
     )
     assert 0 < saved.stat().st_size <= cap
     assert result.stdout.startswith("flood ")
     _assert_next_run_ok(conversation)
 
 
-@pytest.mark.docker
-def test_a_busy_loop_ignoring_sigterm_is_killed_at_the_timeout(
-    runtime_factory: RuntimeFactory, containment_policy: Policy
-) -> None:
-    conversation = _conversation(runtime_factory, containment_policy, "busy")
+def test_a_busy_loop_ignoring_sigterm_is_killed_at_the_timeout(subject: Subject) -> None:
+    conversation = _conversation(subject, "busy")
     timeout_s = 2.0
     result = _run(
         conversation,
@@ -461,13 +441,12 @@ def test_a_busy_loop_ignoring_sigterm_is_killed_at_the_timeout(
     )
     assert result.status == "timeout", (result.status, result.exit_code, result.stderr[-2000:])
     assert result.stdout == "spinning\n"
-    assert timeout_s <= result.duration_s < timeout_s + containment_policy.run.kill_grace_s + 5, result.duration_s
+    assert timeout_s <= result.duration_s < timeout_s + subject.policy.run.kill_grace_s + 5, result.duration_s
     _assert_next_run_ok(conversation)
 
 
-@pytest.mark.docker
-def test_sleeping_forever_is_killed_at_the_timeout(runtime_factory: RuntimeFactory, containment_policy: Policy) -> None:
-    conversation = _conversation(runtime_factory, containment_policy, "sleeper")
+def test_sleeping_forever_is_killed_at_the_timeout(subject: Subject) -> None:
+    conversation = _conversation(subject, "sleeper")
     timeout_s = 1.0
     result = _run(
         conversation,
@@ -478,12 +457,12 @@ def test_sleeping_forever_is_killed_at_the_timeout(runtime_factory: RuntimeFacto
         timeout_s=timeout_s,
     )
     assert result.status == "timeout", (result.status, result.exit_code, result.stderr[-2000:])
-    assert timeout_s <= result.duration_s < timeout_s + containment_policy.run.kill_grace_s + 5, result.duration_s
+    assert timeout_s <= result.duration_s < timeout_s + subject.policy.run.kill_grace_s + 5, result.duration_s
 
 
-@pytest.mark.docker
-def test_opening_10000_files_fails_with_emfile(runtime_factory: RuntimeFactory, containment_policy: Policy) -> None:
-    conversation = _conversation(runtime_factory, containment_policy, "fds")
+def test_opening_10000_files_fails_with_emfile(subject: Subject) -> None:
+    subject.enforces("resources")
+    conversation = _conversation(subject, "fds")
     seen = _ok_json(
         conversation,
         """
@@ -502,7 +481,7 @@ def test_opening_10000_files_fails_with_emfile(runtime_factory: RuntimeFactory, 
         """,
         timeout_s=60,
     )
-    limit = containment_policy.sandbox.limits.open_files_max
+    limit = subject.policy.sandbox.limits.open_files_max
     assert seen["errno"] == errno.EMFILE, seen
     assert seen["limit"] == [limit, limit], seen
     assert seen["opened"] < limit, seen
@@ -523,13 +502,11 @@ def _host_processes_with(marker: str) -> list[int]:
     return found
 
 
-@pytest.mark.docker
-def test_a_double_forked_daemon_is_gone_when_the_run_ends(
-    runtime_factory: RuntimeFactory, containment_policy: Policy
-) -> None:
+def test_a_double_forked_daemon_is_gone_when_the_run_ends(subject: Subject) -> None:
+    subject.enforces("processes")
     token = uuid.uuid4().hex  # the runner's and the script's own command lines hold only the bare token
     marker = f"daemon-marker-{token}"
-    conversation = _conversation(runtime_factory, containment_policy, "daemon")
+    conversation = _conversation(subject, "daemon")
     started = _ok_json(
         conversation,
         """
@@ -561,7 +538,7 @@ def test_a_double_forked_daemon_is_gone_when_the_run_ends(
         timeout_s=30,
     )
     assert len(started["daemons"]) == 1, "the daemon never started, so the test would prove nothing"
-    if not _is_gvisor(containment_policy):
+    if not _is_gvisor(subject.policy):
         # under runc the sandbox's processes are host processes: the daemon must already be gone, before the
         # next run's own clean-up could hide a miss (under gVisor they live inside the sentry, out of sight)
         assert _host_processes_with(marker) == []
@@ -586,7 +563,7 @@ def test_a_double_forked_daemon_is_gone_when_the_run_ends(
         """,
         timeout_s=30,
     )
-    code_uid = containment_policy.sandbox.uid
+    code_uid = subject.policy.sandbox.uid
     alive = [p for p in listing["processes"] if p["state"] not in {"Z", "X"}]
     assert not [p for p in alive if marker in p["cmdline"]], alive
     code_processes = [p for p in alive if p["uid"] == code_uid]
@@ -599,9 +576,9 @@ def test_a_double_forked_daemon_is_gone_when_the_run_ends(
     assert 1 in {p["pid"] for p in others}, others
 
 
-@pytest.mark.docker
-def test_abort_leaves_no_core_file(runtime_factory: RuntimeFactory, containment_policy: Policy) -> None:
-    conversation = _conversation(runtime_factory, containment_policy, "abort")
+def test_abort_leaves_no_core_file(subject: Subject) -> None:
+    subject.enforces("resources")
+    conversation = _conversation(subject, "abort")
     seen = _ok_json(
         conversation,
         """
@@ -638,11 +615,9 @@ def test_abort_leaves_no_core_file(runtime_factory: RuntimeFactory, containment_
     assert on_host == []
 
 
-@pytest.mark.docker
-def test_two_conversations_cannot_see_each_others_results(
-    runtime_factory: RuntimeFactory, containment_policy: Policy
-) -> None:
-    runtime = _runtime(runtime_factory, containment_policy)
+def test_two_conversations_cannot_see_each_others_results(subject: Subject) -> None:
+    subject.enforces("filesystem")
+    runtime = _runtime(subject)
     suffix = uuid.uuid4().hex[:8]
     first, second = runtime.conversation(f"alice-{suffix}"), runtime.conversation(f"bob-{suffix}")
     marker = f"private-{uuid.uuid4().hex}"

@@ -34,8 +34,6 @@ from sandbox_runtime.sandbox.profile import LABEL_CONVERSATION, LABEL_STATE_DIR
 from tests.conftest import SESSION, TEST_LABEL, RuntimeFactory
 from tests.mcp_helpers import run_bounded, stdio_params, text_of
 
-pytestmark = pytest.mark.docker
-
 PROJECT = Path(__file__).resolve().parent.parent
 PID_FILE = Path("/var/run/docker.pid")
 OUR_CONFIG = "/etc/sandbox-runtime/dockerd.json"
@@ -153,9 +151,9 @@ def _sandboxes(conversation: Conversation) -> list[tuple[str, bool]]:
 
 
 def test_an_engine_restart_mid_run_is_an_infrastructure_failure_and_the_conversation_works_after_it(
-    runtime_factory: RuntimeFactory, containment_policy: Policy, engine_pid: int, tmp_path: Path
+    runtime_factory: RuntimeFactory, docker_policy: Policy, engine_pid: int, tmp_path: Path
 ) -> None:
-    conversation = runtime_factory(containment_policy).conversation("engine-restart")
+    conversation = runtime_factory(docker_policy).conversation("engine-restart")
     assert conversation.run_python("print('before')").stdout == "before\n"
     old = conversation.sandbox()
     folders = conversation.folders

@@ -19,7 +19,7 @@ import mcp_types as types
 import pytest
 from mcp import Client, StdioServerParameters
 
-from tests.conftest import RuntimeFactory
+from tests.conftest import ENGINE_POLICIES, RuntimeFactory
 from tests.mcp_helpers import links_of, run_bounded, stdio_params, text_of
 
 EVERYTHING = Path(__file__).resolve().parent.parent / ".npm-tools" / "node_modules" / ".bin" / "mcp-server-everything"
@@ -56,10 +56,11 @@ async def read_blob(client: Client, uri: str) -> bytes:
     return contents.text.encode()
 
 
+@pytest.mark.parametrize("engine_policy", ENGINE_POLICIES)
 def test_an_mcp_client_gets_server_everythings_images_resources_annotations_and_progress_through_the_gateway(
-    runtime_factory: RuntimeFactory, served_state: Path
+    runtime_factory: RuntimeFactory, served_state: Path, engine_policy: str
 ) -> None:
-    params = stdio_params(served_state, "--upstream", f"everything={EVERYTHING} stdio")
+    params = stdio_params(served_state, "--upstream", f"everything={EVERYTHING} stdio", policy=engine_policy)
 
     async def scenario() -> dict[str, Any]:
         seen: dict[str, Any] = {"sent_image": await upstream_tiny_image()}

@@ -63,7 +63,6 @@ def post_initialize(url: str, headers: dict[str, str]) -> tuple[int, str]:
         connection.close()
 
 
-@pytest.mark.docker
 @pytest.mark.parametrize("host", ["127.0.0.2", "::1", "127.0.0.1", "localhost"])
 def test_a_loopback_server_refuses_foreign_host_and_origin_headers(served_state: Path, host: str) -> None:
     if host == "::1" and not loopback_available("::1"):

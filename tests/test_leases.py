@@ -96,7 +96,6 @@ def _first_line(process: subprocess.Popen[str], timeout_s: float) -> str:
     return line
 
 
-@pytest.mark.docker
 def test_gc_under_another_policy_leaves_a_live_runtimes_sandbox_alone_until_it_closes(
     runtime_factory: RuntimeFactory, executor_image: str, tmp_path: Path
 ) -> None:
@@ -143,7 +142,6 @@ def test_gc_under_another_policy_leaves_a_live_runtimes_sandbox_alone_until_it_c
     assert (second.conversation("shared").folders.results / "kept.txt").read_text() == "kept"
 
 
-@pytest.mark.docker
 def test_a_sandbox_held_by_another_process_survives_gc_until_that_process_is_killed(
     runtime_factory: RuntimeFactory, holder: tuple[subprocess.Popen[str], Path]
 ) -> None:
@@ -168,7 +166,6 @@ def test_a_sandbox_held_by_another_process_survives_gc_until_that_process_is_kil
     assert other.conversation("held").run_python("print(open('/mnt/results/kept.txt').read())").stdout == "kept\n"
 
 
-@pytest.mark.docker
 def test_two_runtimes_sharing_a_sandbox_leave_it_to_the_last_one_that_uses_it(
     runtime_factory: RuntimeFactory, executor_image: str, tmp_path: Path
 ) -> None:

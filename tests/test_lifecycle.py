@@ -22,8 +22,6 @@ from sandbox_runtime.sandbox.profile import LABEL_CONVERSATION, LABEL_RUNTIME, L
 from sandbox_runtime.store.quota import attached_loop_images, loop_quota_unavailable_reason
 from tests.conftest import SESSION, TEST_LABEL, RuntimeFactory, mounts_under
 
-pytestmark = pytest.mark.docker
-
 LOOP_STORE = {"quota_mode": "loop", "quota_bytes": 16 * 1024 * 1024}
 needs_loop = pytest.mark.skipif(
     loop_quota_unavailable_reason() is not None and not os.environ.get("CI"),

@@ -17,7 +17,8 @@ from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
 
 from sandbox_runtime.cli.sample_data import make_sample_database
-from tests.conftest import RuntimeFactory
+from sandbox_runtime.policy import load_policy
+from tests.conftest import ENGINE_POLICIES, RuntimeFactory
 from tests.mcp_helpers import (
     BUILTIN_TOOLS,
     Elicitations,
@@ -42,12 +43,15 @@ def database(tmp_path: Path) -> Path:
 
 
 @pytest.fixture
-def ask_before_attaching(tmp_path: Path) -> Path:
+def ask_before_attaching(tmp_path: Path, engine_policy: str) -> Path:
+    """A policy file that asks before every attachment, on the test's engine."""
     policy = tmp_path / "ask.toml"
-    policy.write_text('name = "ask"\n[approval.tool_rules]\nattach_file = "ask"\n')
+    backend = load_policy(engine_policy).sandbox.backend
+    policy.write_text(f'name = "ask"\n[sandbox]\nbackend = "{backend}"\n[approval.tool_rules]\nattach_file = "ask"\n')
     return policy
 
 
+@pytest.mark.parametrize("engine_policy", ENGINE_POLICIES)
 def test_a_client_over_stdio_walks_query_export_attach_with_an_approval(
     served_state: Path, database: Path, ask_before_attaching: Path
 ) -> None:
@@ -157,12 +161,13 @@ async def _http_client_calls(url: str, token: str) -> dict[str, Any]:
         return seen
 
 
+@pytest.mark.parametrize("engine_policy", ENGINE_POLICIES)
 def test_http_needs_the_token_and_keeps_one_conversation_per_token_across_sessions(
-    runtime_factory: RuntimeFactory, served_state: Path
+    runtime_factory: RuntimeFactory, served_state: Path, engine_policy: str
 ) -> None:
     state = served_state
     token = "t0ken-" + "x" * 26
-    with http_server(state, env={"SANDBOX_RUNTIME_MCP_TOKEN": token}) as url:
+    with http_server(state, env={"SANDBOX_RUNTIME_MCP_TOKEN": token}, policy=engine_policy) as url:
         assert url.startswith("http://127.0.0.1:")
         assert url.endswith("/mcp")
         initialize = {

@@ -16,7 +16,7 @@ import sys
 import textwrap
 from pathlib import Path
 
-import pytest
+from sandbox_runtime.sandbox.docker.backend import DockerBackend
 
 # the top-level modules of the extra's packages (mcp, mcp-types, anyio, httpx2, starlette, uvicorn) and of the
 # SDK's own HTTP dependencies
@@ -95,8 +95,10 @@ def test_the_public_api_and_every_core_module_import_without_the_mcp_extra(tmp_p
     assert int(done.stdout.split()[0]) >= 20
 
 
-@pytest.mark.docker  # `ls` asks the engine for the sandboxes
-def test_the_cli_works_without_the_mcp_extra_and_serve_says_what_to_install(tmp_path: Path) -> None:
+def test_the_cli_works_without_the_mcp_extra_and_serve_says_what_to_install(
+    tmp_path: Path, docker_backend: DockerBackend
+) -> None:
+    del docker_backend  # `ls` asks the engine for the sandboxes
     version = cli_without_mcp("--version", cwd=tmp_path)
     assert version.returncode == 0, version.stderr
     assert version.stdout.startswith("sandbox-runtime ")

@@ -38,6 +38,9 @@ UNIT_SUFFIXES = (
     "url",
     "keep_in",  # which runtimes keep a warm pool: a choice, not a limit
     "allowed",  # the tools scripts may call: names, not a limit
+    "namespace",  # Kubernetes: names of the cluster's own objects, not limits
+    "gvisor_runtime_class",
+    "storage_class",
 )
 
 

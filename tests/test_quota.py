@@ -20,8 +20,6 @@ from tests.conftest import SESSION, TEST_LABEL, RuntimeFactory
 
 MiB = 1 << 20
 
-pytestmark = pytest.mark.docker
-
 QUOTA_BYTES = 16 * 1024 * 1024
 needs_root = pytest.mark.skipif(
     loop_quota_unavailable_reason() is not None and not os.environ.get("CI"),

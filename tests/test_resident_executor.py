@@ -14,15 +14,11 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
-import pytest
-
 from sandbox_runtime.api.runtime import Conversation, Runtime
-from sandbox_runtime.policy import Policy
 from sandbox_runtime.sandbox.exec_stream import read_cgroup_file
+from tests.conftest import Subject
 from tests.sandbox_processes import code_processes, run_processes
 from tests.test_containment import _conversation, _run, _runtime
-
-pytestmark = pytest.mark.docker
 
 RuntimeFactory = Callable[..., Runtime]
 # an idle sandbox with its executor and spare, the standard library loaded and no office library, in cgroup memory
@@ -45,10 +41,8 @@ def _executor_pid(conversation: Conversation) -> int:
     return int(_observed(conversation, "import json, os; print(json.dumps({'executor': os.getppid()}))")["executor"])
 
 
-def test_a_run_sees_no_global_module_or_environment_change_an_earlier_run_made(
-    runtime_factory: RuntimeFactory, containment_policy: Policy
-) -> None:
-    conversation = _conversation(runtime_factory, containment_policy, "isolation")
+def test_a_run_sees_no_global_module_or_environment_change_an_earlier_run_made(subject: Subject) -> None:
+    conversation = _conversation(subject, "isolation")
     first = _observed(
         conversation,
         """
@@ -75,7 +69,7 @@ def test_a_run_sees_no_global_module_or_environment_change_an_earlier_run_made(
             "wave": "wave" in sys.modules,
             "path": "/tmp/left-behind" in sys.path,
             "env": "LEFT_BEHIND" in os.environ,
-            "cwd": os.getcwd(),
+            "cwd": os.getcwd() == os.environ["SANDBOX_RESULTS"],  # the results folder, where every run starts
             "main": sys.modules["__main__"].__file__ == __file__,
         }))
         """,
@@ -89,7 +83,7 @@ def test_a_run_sees_no_global_module_or_environment_change_an_earlier_run_made(
         "wave": False,
         "path": False,
         "env": False,
-        "cwd": "/mnt/results",
+        "cwd": True,
         "main": True,
     }
 
@@ -118,10 +112,8 @@ def _until_settled(conversation: Conversation) -> None:
         assert time.monotonic() < deadline, "the executor never finished loading"
 
 
-def test_an_office_library_is_loaded_once_a_run_used_it_and_by_the_sandboxs_next_executor_too(
-    runtime_factory: RuntimeFactory, containment_policy: Policy
-) -> None:
-    conversation = _conversation(runtime_factory, containment_policy, "preload")
+def test_an_office_library_is_loaded_once_a_run_used_it_and_by_the_sandboxs_next_executor_too(subject: Subject) -> None:
+    conversation = _conversation(subject, "preload")
     assert _until_loaded(conversation, "zipfile") == {"zipfile": True, "openpyxl": False, "docx": False}
     workbook = _observed(
         conversation,
@@ -129,8 +121,8 @@ def test_an_office_library_is_loaded_once_a_run_used_it_and_by_the_sandboxs_next
         import json, openpyxl
         book = openpyxl.Workbook()
         book.active.append(["a", 1])
-        book.save("/mnt/results/preloaded.xlsx")
-        print(json.dumps({"rows": openpyxl.load_workbook("/mnt/results/preloaded.xlsx").active.max_row}))
+        book.save("preloaded.xlsx")
+        print(json.dumps({"rows": openpyxl.load_workbook("preloaded.xlsx").active.max_row}))
         """,
     )
     assert workbook == {"rows": 1}
@@ -139,10 +131,8 @@ def test_an_office_library_is_loaded_once_a_run_used_it_and_by_the_sandboxs_next
     assert _until_loaded(conversation, "openpyxl") == {"zipfile": True, "openpyxl": True, "docx": False}
 
 
-def test_a_run_that_claims_libraries_it_never_used_gets_nothing_but_known_ones_loaded(
-    runtime_factory: RuntimeFactory, containment_policy: Policy
-) -> None:
-    conversation = _conversation(runtime_factory, containment_policy, "claims")
+def test_a_run_that_claims_libraries_it_never_used_gets_nothing_but_known_ones_loaded(subject: Subject) -> None:
+    conversation = _conversation(subject, "claims")
     _until_loaded(conversation, "zipfile")
     claimed = _run(
         conversation,
@@ -164,21 +154,19 @@ def test_a_run_that_claims_libraries_it_never_used_gets_nothing_but_known_ones_l
     }
 
 
-def test_an_idle_sandbox_with_its_loaded_executor_stays_within_its_memory_budget(
-    runtime_factory: RuntimeFactory, containment_policy: Policy
-) -> None:
-    conversation = _conversation(runtime_factory, containment_policy, "memory")
+def test_an_idle_sandbox_with_its_loaded_executor_stays_within_its_memory_budget(subject: Subject) -> None:
+    subject.enforces("resources")  # the sandbox's memory, from its cgroup
+    conversation = _conversation(subject, "memory")
     _until_loaded(conversation, "zipfile")
     used = read_cgroup_file(conversation.sandbox().container_id, "memory", "memory.usage_in_bytes", "memory.current")
     assert used is not None, "the sandbox's cgroup has no memory counter here"
     assert used.isdigit(), used
-    assert int(used) <= IDLE_MEMORY_BUDGET_BYTES[containment_policy.sandbox.runtime], int(used)
+    assert int(used) <= IDLE_MEMORY_BUDGET_BYTES[subject.policy.sandbox.runtime], int(used)
 
 
-def test_killing_the_executor_from_a_run_costs_the_next_run_only_a_fresh_start(
-    runtime_factory: RuntimeFactory, containment_policy: Policy
-) -> None:
-    conversation = _conversation(runtime_factory, containment_policy, "kill-executor")
+def test_killing_the_executor_from_a_run_costs_the_next_run_only_a_fresh_start(subject: Subject) -> None:
+    subject.enforces("processes")  # its daemon leaves the run's session
+    conversation = _conversation(subject, "kill-executor")
     runtime = conversation.runtime
     before = _executor_pid(conversation)
     result = _run(
@@ -203,10 +191,8 @@ def test_killing_the_executor_from_a_run_costs_the_next_run_only_a_fresh_start(
     assert after != before
 
 
-def test_signals_that_end_a_process_by_default_leave_the_executor_serving(
-    runtime_factory: RuntimeFactory, containment_policy: Policy
-) -> None:
-    conversation = _conversation(runtime_factory, containment_policy, "signal-executor")
+def test_signals_that_end_a_process_by_default_leave_the_executor_serving(subject: Subject) -> None:
+    conversation = _conversation(subject, "signal-executor")
     before = _executor_pid(conversation)
     result = _run(
         conversation,
@@ -222,9 +208,9 @@ def test_signals_that_end_a_process_by_default_leave_the_executor_serving(
 
 
 def test_stopping_the_executor_from_a_run_ends_at_the_hosts_deadline_and_the_next_run_is_right(
-    runtime_factory: RuntimeFactory, containment_policy: Policy
+    subject: Subject,
 ) -> None:
-    conversation = _conversation(runtime_factory, containment_policy, "stop-executor")
+    conversation = _conversation(subject, "stop-executor")
     before = _executor_pid(conversation)
     result = _run(conversation, "import os, signal; os.kill(os.getppid(), signal.SIGSTOP)", timeout_s=1)
     assert result.status == "timeout", (result.status, result.message)  # the host's own deadline ended it
@@ -234,10 +220,9 @@ def test_stopping_the_executor_from_a_run_ends_at_the_hosts_deadline_and_the_nex
     assert (ok.status, ok.exit_code) == ("error", 3)
 
 
-def test_a_done_frame_a_run_writes_into_the_executors_stdout_is_not_believed(
-    runtime_factory: RuntimeFactory, containment_policy: Policy
-) -> None:
-    conversation = _conversation(runtime_factory, containment_policy, "forge-done")
+def test_a_done_frame_a_run_writes_into_the_executors_stdout_is_not_believed(subject: Subject) -> None:
+    subject.enforces("identity")  # the executor is out of the run's reach by its uid split
+    conversation = _conversation(subject, "forge-done")
     before = _executor_pid(conversation)
     result = _run(
         conversation,
@@ -254,7 +239,7 @@ def test_a_done_frame_a_run_writes_into_the_executors_stdout_is_not_believed(
         raise SystemExit(3)
         """,
     )
-    if containment_policy.sandbox.runtime == "runc":
+    if subject.policy.sandbox.runtime == "runc":
         # the executor is non-dumpable: its descriptors are closed to the run
         assert (result.status, result.exit_code, result.stdout) == ("error", 3, "Permission denied\n")
         assert _executor_pid(conversation) == before
@@ -266,10 +251,9 @@ def test_a_done_frame_a_run_writes_into_the_executors_stdout_is_not_believed(
     assert conversation.run_python("print('next')").stdout == "next\n"
 
 
-def test_a_request_a_run_writes_into_the_executors_stdin_never_runs(
-    runtime_factory: RuntimeFactory, containment_policy: Policy
-) -> None:
-    conversation = _conversation(runtime_factory, containment_policy, "forge-request")
+def test_a_request_a_run_writes_into_the_executors_stdin_never_runs(subject: Subject) -> None:
+    subject.enforces("identity")  # the executor is out of the run's reach by its uid split
+    conversation = _conversation(subject, "forge-request")
     before = _executor_pid(conversation)
     marker = conversation.folders.results / "forged-request-ran"
     (conversation.folders.results / "forged.py").write_text("open('/mnt/results/forged-request-ran', 'w')\n")
@@ -278,7 +262,7 @@ def test_a_request_a_run_writes_into_the_executors_stdin_never_runs(
         """
         import json, os
         request = {"op": "run", "nonce": "f" * 32, "argv": ["/opt/venv/bin/python", "/mnt/results/forged.py"],
-                   "cwd": "/mnt/results", "timeout_s": 10, "grace_s": 0, "caps": [1000, 1000]}
+                   "cwd": True, "timeout_s": 10, "grace_s": 0, "caps": [1000, 1000]}
         try:
             fd = os.open(f"/proc/{os.getppid()}/fd/0", os.O_WRONLY)
             os.write(fd, json.dumps(request).encode() + b"\\n")
@@ -289,7 +273,7 @@ def test_a_request_a_run_writes_into_the_executors_stdin_never_runs(
         """,
     )
     assert result.status == "ok", (result.status, result.message)
-    if containment_policy.sandbox.runtime == "runc":
+    if subject.policy.sandbox.runtime == "runc":
         assert result.stdout == "Permission denied\n"  # the executor is non-dumpable
     if result.stdout == "written\n":
         assert _executor_pid(conversation) != before  # the executor saw foreign bytes on its stdin and ended
@@ -300,10 +284,9 @@ def test_a_request_a_run_writes_into_the_executors_stdin_never_runs(
     assert not marker.exists()
 
 
-def test_an_idle_executor_is_dropped_and_the_next_run_starts_a_fresh_one(
-    runtime_factory: RuntimeFactory, containment_policy: Policy
-) -> None:
-    conversation = _conversation(runtime_factory, containment_policy, "idle-executor")
+def test_an_idle_executor_is_dropped_and_the_next_run_starts_a_fresh_one(subject: Subject) -> None:
+    subject.enforces("identity")  # the code's processes are told apart by the sandbox's uid
+    conversation = _conversation(subject, "idle-executor")
     runtime = conversation.runtime
     _until_settled(conversation)  # while it loads, the executor swaps its spare for one forked after the load
     before = _executor_pid(conversation)
@@ -316,10 +299,9 @@ def test_an_idle_executor_is_dropped_and_the_next_run_starts_a_fresh_one(
     assert _executor_pid(conversation) != before
 
 
-def test_two_conversations_have_executors_of_their_own(
-    runtime_factory: RuntimeFactory, containment_policy: Policy
-) -> None:
-    runtime = _runtime(runtime_factory, containment_policy)
+def test_two_conversations_have_executors_of_their_own(subject: Subject) -> None:
+    subject.enforces("filesystem")  # /tmp is the sandbox's own
+    runtime = _runtime(subject)
     first = runtime.conversation(f"own-a-{uuid.uuid4().hex[:8]}")
     second = runtime.conversation(f"own-b-{uuid.uuid4().hex[:8]}")
     _run(first, "open('/tmp/mine', 'w').write('a')")

@@ -106,6 +106,33 @@ def test_an_abrupt_end_asks_the_engine_until_it_says_how() -> None:
     assert _settled(ended, _result(exit_code=None, container_died=True), None) == RunEnd(None, oom_killed=True)
 
 
+def test_an_engine_that_stops_before_it_removes_is_watched_past_the_stop() -> None:
+    removed = _Engine(0, ["exited", "exited", None])
+    end = settle_end(
+        removed,
+        "c",
+        RunnerOutput(_result(exit_code=137), None),
+        0,
+        removal_settle_s=5,
+        sandbox_end_settle_s=5,
+        stops_before_removal=True,
+    )
+    assert end == RunEnd(oom_kills=0, removed=True)
+    assert removed.asked == 3
+    killed = _Engine(None, ["oom"])  # an OOM kill explains the stop at once
+    end = settle_end(
+        killed,
+        "c",
+        RunnerOutput(_result(exit_code=None, container_died=True), None),
+        0,
+        removal_settle_s=5,
+        sandbox_end_settle_s=5,
+        stops_before_removal=True,
+    )
+    assert end == RunEnd(None, oom_killed=True)
+    assert killed.asked == 1
+
+
 def test_a_cancelled_run_or_a_plain_exit_asks_the_engine_nothing_more() -> None:
     engine = _Engine(0, ["running"])
     assert _settled(engine, _result(exit_code=None, cancelled=True), None) == RunEnd(oom_kills=None)

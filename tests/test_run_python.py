@@ -13,8 +13,6 @@ from sandbox_runtime.errors import InvalidToolArguments, PathNotFound, PathOutsi
 from tests.conftest import RuntimeFactory
 from tests.failure_corpus.cases import Case, load_cases, prepare_run_dir
 
-pytestmark = pytest.mark.docker
-
 CORPUS_DIR = Path(__file__).parent / "failure_corpus"
 
 

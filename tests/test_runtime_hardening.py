@@ -43,7 +43,6 @@ def _open_descriptors() -> int:
 
 
 # ------------------------------------------------------------------------------------------ tool names
-@pytest.mark.docker
 @pytest.mark.parametrize("name", BUILTIN_TOOLS)
 def test_a_host_tool_named_like_a_built_in_is_refused_and_the_built_in_stays(runtime: Runtime, name: str) -> None:
     built_in = runtime.tools[name]
@@ -52,7 +51,6 @@ def test_a_host_tool_named_like_a_built_in_is_refused_and_the_built_in_stays(run
     assert runtime.tools[name] is built_in
 
 
-@pytest.mark.docker
 def test_a_host_tool_named_delegate_call_leaves_delegation_working(runtime: Runtime) -> None:
     notes: list[dict[str, Any]] = []
     runtime.register_tool("crm_note", notes.append, description="Add a note.", input_schema=NOTE_SCHEMA)
@@ -66,7 +64,6 @@ def test_a_host_tool_named_delegate_call_leaves_delegation_working(runtime: Runt
     assert notes == [{"text": "hello"}]
 
 
-@pytest.mark.docker
 def test_a_second_tool_of_one_name_is_refused_naming_the_first_which_keeps_answering(runtime: Runtime) -> None:
     runtime.register_tool("crm_search", lambda a: "first", description="Search the CRM.\nMore.", input_schema={})
     with pytest.raises(ToolNameTaken, match=r"'crm_search' is taken by a tool registered before \('Search the CRM.'\)"):
@@ -82,7 +79,6 @@ def sdk_gateway() -> Iterator[Gateway]:
         yield started
 
 
-@pytest.mark.docker
 def test_an_upstream_tool_whose_name_a_host_tool_has_is_left_out_and_the_log_names_the_holder(
     runtime: Runtime, sdk_gateway: Gateway, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -97,7 +93,6 @@ def test_an_upstream_tool_whose_name_a_host_tool_has_is_left_out_and_the_log_nam
     assert runtime.conversation("host-wins").call("sdk__text", {"chars": 5}).text == "the host's"
 
 
-@pytest.mark.docker
 def test_a_host_tool_registered_after_the_gateway_under_an_upstream_name_is_refused_naming_the_upstream(
     runtime: Runtime, sdk_gateway: Gateway
 ) -> None:
@@ -125,7 +120,6 @@ USES: dict[str, Callable[[Conversation], object]] = {
 }
 
 
-@pytest.mark.docker
 def test_a_deleted_conversation_refuses_every_use_and_says_how_to_open_it_again(runtime: Runtime) -> None:
     conversation = runtime.conversation("deleted-here")
     assert conversation.run_python("open('/mnt/results/kept.txt', 'w').write('kept')").status == "ok"
@@ -144,7 +138,6 @@ def test_a_deleted_conversation_refuses_every_use_and_says_how_to_open_it_again(
     assert [c.tool for c in again.calls()] == []  # run_python called directly records no call
 
 
-@pytest.mark.docker
 def test_a_conversation_deleted_by_another_runtime_is_refused_by_the_object_that_used_it_and_opens_afresh(
     runtime_factory: RuntimeFactory,
 ) -> None:
@@ -163,7 +156,6 @@ def test_a_conversation_deleted_by_another_runtime_is_refused_by_the_object_that
     assert opened.sandbox().container_id != known
 
 
-@pytest.mark.docker
 def test_a_conversation_deleted_by_another_runtime_starts_afresh_for_the_model_s_next_call(
     runtime_factory: RuntimeFactory,
 ) -> None:
@@ -178,7 +170,6 @@ def test_a_conversation_deleted_by_another_runtime_starts_afresh_for_the_model_s
     assert here.state.conversation("served") is not None
 
 
-@pytest.mark.docker
 def test_a_sandbox_removed_from_outside_is_replaced_by_every_path_and_the_results_folder_stays(
     runtime: Runtime, docker_backend: DockerBackend
 ) -> None:
@@ -235,7 +226,6 @@ def _on_threads(count: int, work: Callable[[], object]) -> None:
     assert not failures, failures[:3]
 
 
-@pytest.mark.docker
 def test_a_host_serving_each_request_on_a_thread_of_its_own_keeps_no_descriptor_of_the_threads_gone(
     runtime: Runtime,
 ) -> None:
@@ -413,7 +403,6 @@ def _user_version(path: Path) -> int:
 SCHEMA_SQL = "SELECT type, name, sql FROM sqlite_master ORDER BY name"
 
 
-@pytest.mark.docker
 def test_a_state_folder_of_the_previous_version_opens_with_everything_in_it_and_is_migrated(
     runtime_factory: RuntimeFactory, tmp_path: Path
 ) -> None:

@@ -1,6 +1,7 @@
 """A run_python script calls tools like functions (``import sandbox_tools``): the data goes from a query to a host
 tool without the model writing a byte of it, and every call is validated, approved, recorded and bounded as a
-model's call is. Under runc and gVisor; the sandbox still has only ``lo``."""
+model's call is. On every backend (``subject``: Docker under runc and gVisor, Podman, the fake); a sandbox
+still has only ``lo``."""
 
 from __future__ import annotations
 
@@ -11,16 +12,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-import pytest
-
 from sandbox_runtime.api.runtime import Runtime
 from sandbox_runtime.pipeline.approval import ApprovalRequest
 from sandbox_runtime.pipeline.script_access import ScriptAccess
 from sandbox_runtime.policy import Policy
 from sandbox_runtime.tools.run_python import run_python
-from tests.conftest import RuntimeFactory
-
-pytestmark = pytest.mark.docker
+from tests.conftest import RuntimeFactory, Subject
 
 ISSUE_SCHEMA = {
     "type": "object",
@@ -107,19 +104,18 @@ for row in found.rows():
 
 
 def test_one_script_files_thirteen_reports_from_a_query_every_call_approved_and_recorded(
-    docker_runtime_factory: RuntimeFactory, containment_policy: Policy, tmp_path: Path
+    subject: Subject, tmp_path: Path
 ) -> None:
     rows = report_bodies(13)
     tracker, approvals = Tracker(), Approvals()
-    runtime = scripted_runtime(
-        docker_runtime_factory, containment_policy, make_reports(tmp_path / "r.db", rows), tracker, approvals
-    )
+    runtime = scripted_runtime(subject.make, subject.policy, make_reports(tmp_path / "r.db", rows), tracker, approvals)
     conversation = runtime.conversation("file-reports")
 
     outcome = conversation.call("run_python", {"code": FILE_EVERY_REPORT}, call_id="playbook-1")
 
     assert not outcome.is_error, outcome.text
-    assert "interfaces: ['lo']" in outcome.text  # the calls need no network: the sandbox still has only lo
+    if not any(said.startswith("network:") for said in subject.backend.not_enforced):
+        assert "interfaces: ['lo']" in outcome.text  # the calls need no network: the sandbox still has only lo
     assert "Tool calls from the script: 14 (14 ok)." in outcome.text
     assert [(i["title"], i["body"]) for i in tracker.issues] == rows  # byte for byte, in order
     asked = [r for r in approvals.seen if r.tool == "tracker__create_issue"]
@@ -134,13 +130,11 @@ def test_one_script_files_thirteen_reports_from_a_query_every_call_approved_and_
 
 
 def test_a_denied_call_raises_in_the_script_which_goes_on_and_the_denial_is_recorded(
-    docker_runtime_factory: RuntimeFactory, tmp_path: Path
+    subject: Subject, tmp_path: Path
 ) -> None:
     rows = [("fine", "all good"), ("bad", "DROP TABLE users; -- please"), ("also fine", "still good")]
     tracker, approvals = Tracker(), Approvals()
-    runtime = scripted_runtime(
-        docker_runtime_factory, Policy(), make_reports(tmp_path / "r.db", rows), tracker, approvals
-    )
+    runtime = scripted_runtime(subject.make, subject.policy, make_reports(tmp_path / "r.db", rows), tracker, approvals)
     code = """
 import sandbox_tools as tools
 for row in tools.sql_query(query="SELECT title, body FROM reports ORDER BY rowid").rows():
@@ -159,13 +153,11 @@ for row in tools.sql_query(query="SELECT title, body FROM reports ORDER BY rowid
     assert statuses == {"tracker__create_issue": "denied"}
 
 
-def test_limits_stop_a_call_with_a_clear_error_in_the_script(
-    docker_runtime_factory: RuntimeFactory, containment_policy: Policy, tmp_path: Path
-) -> None:
+def test_limits_stop_a_call_with_a_clear_error_in_the_script(subject: Subject, tmp_path: Path) -> None:
     tracker, approvals = Tracker(delay_s=0.4), Approvals()
     runtime = scripted_runtime(
-        docker_runtime_factory,
-        containment_policy,
+        subject.make,
+        subject.policy,
         make_reports(tmp_path / "r.db", [("a", "b")]),
         tracker,
         approvals,
@@ -205,11 +197,11 @@ for n in range(4):
 
 
 def test_a_script_reaches_only_the_allowed_tools_never_run_python_and_only_from_its_own_process(
-    docker_runtime_factory: RuntimeFactory, tmp_path: Path
+    subject: Subject, tmp_path: Path
 ) -> None:
     tracker, approvals = Tracker(), Approvals()
     runtime = scripted_runtime(
-        docker_runtime_factory, Policy(), make_reports(tmp_path / "r.db", [("a", "b")]), tracker, approvals
+        subject.make, subject.policy, make_reports(tmp_path / "r.db", [("a", "b")]), tracker, approvals
     )
     code = """
 import subprocess, sys
@@ -244,11 +236,11 @@ help(tools.tracker__create_issue)
 
 
 def test_a_retried_run_replays_the_calls_it_made_before_instead_of_making_them_again(
-    docker_runtime_factory: RuntimeFactory, tmp_path: Path
+    subject: Subject, tmp_path: Path
 ) -> None:
     tracker, approvals = Tracker(), Approvals()
     runtime = scripted_runtime(
-        docker_runtime_factory, Policy(), make_reports(tmp_path / "r.db", [("a", "b")]), tracker, approvals
+        subject.make, subject.policy, make_reports(tmp_path / "r.db", [("a", "b")]), tracker, approvals
     )
     handle = runtime.conversations.handle("retry")
     code = "import sandbox_tools as t\nprint(t.tracker__create_issue(title='once', body='only once').text)"
@@ -275,10 +267,8 @@ def exchange(data, count):
 """
 
 
-def test_garbage_on_the_call_pipe_gets_an_error_per_line_and_the_executor_goes_on(
-    docker_runtime_factory: RuntimeFactory, containment_policy: Policy
-) -> None:
-    conversation = docker_runtime_factory(containment_policy).conversation("garbage")
+def test_garbage_on_the_call_pipe_gets_an_error_per_line_and_the_executor_goes_on(subject: Subject) -> None:
+    conversation = subject.make().conversation("garbage")
     code = (
         RAW_CHANNEL
         + r"""
@@ -306,11 +296,11 @@ print("executor", os.getppid())
 
 
 def test_a_run_that_ends_before_its_reply_leaves_the_executor_fit_for_the_next_run(
-    docker_runtime_factory: RuntimeFactory, tmp_path: Path
+    subject: Subject, tmp_path: Path
 ) -> None:
     tracker, approvals = Tracker(delay_s=0.5), Approvals()
     runtime = scripted_runtime(
-        docker_runtime_factory, Policy(), make_reports(tmp_path / "r.db", [("a", "b")]), tracker, approvals
+        subject.make, subject.policy, make_reports(tmp_path / "r.db", [("a", "b")]), tracker, approvals
     )
     conversation = runtime.conversation("gone-early")
     code = RAW_CHANNEL + (

@@ -19,8 +19,6 @@ from mcp.client.session import ClientRequestContext
 from tests.conftest import RuntimeFactory
 from tests.mcp_helpers import run_bounded, stdio_params, text_of
 
-pytestmark = pytest.mark.docker
-
 EVERYTHING = Path(__file__).resolve().parent.parent / ".npm-tools" / "node_modules" / ".bin" / "mcp-server-everything"
 
 if not EVERYTHING.exists():

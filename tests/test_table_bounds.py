@@ -632,7 +632,6 @@ print("written")
 """
 
 
-@pytest.mark.docker
 def test_what_a_sandbox_script_writes_gives_tool_errors_or_bounded_results_never_an_exception(
     runtime: Runtime,
 ) -> None:

@@ -15,8 +15,6 @@ import threading
 from pathlib import Path
 from typing import Any
 
-import pytest
-
 from sandbox_runtime.api.runtime import Conversation, Runtime
 from sandbox_runtime.policy import Policy, load_policy
 from sandbox_runtime.sandbox.backend import ContainerInfo, SandboxBackend
@@ -24,8 +22,6 @@ from sandbox_runtime.sandbox.docker.backend import DockerBackend
 from sandbox_runtime.sandbox.profile import LABEL_CONVERSATION, LABEL_POLICY, LABEL_POOL_SLOT, LABEL_STATE_DIR
 from sandbox_runtime.store.quota import attached_loop_images
 from tests.conftest import SESSION, TEST_LABEL, RuntimeFactory, mounts_under
-
-pytestmark = pytest.mark.docker
 
 READY_WITHIN_S = 120.0  # the self-check, then each sandbox and its executor (seconds; longer under gVisor)
 MiB = 1024 * 1024

@@ -1,8 +1,8 @@
-"""``sandbox-runtime``: doctor, image build, serve, demo, gc, ls.
+"""``sandbox-runtime``: doctor, image build, serve, demo, gc, ls, kube manifests.
 
 Exit codes: 0 success; 1 a check failed or the work did not succeed; 2 bad usage or configuration
-(policy, conversation id, serve's flags, serve without the mcp extra); 3 the Docker engine or the executor image
-is not available. ``python -m sandbox_runtime`` is the same command.
+(policy, conversation id, serve's flags, serve without the mcp extra); 3 the engine (Docker, Podman) or the
+executor image is not available. ``python -m sandbox_runtime`` is the same command.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from sandbox_runtime.api.runtime import Conversation, Runtime, default_state_dir
+from sandbox_runtime.cli.kube import add_kube_parser
 from sandbox_runtime.cli.serve import add_serve_parser, key_value
 from sandbox_runtime.errors import (
     EngineUnavailable,
@@ -70,7 +71,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
         if report.not_enforced:
             return _doctor_unconfined(runtime, report.backend, report.not_enforced)
         print(
-            f"engine   {report.backend}: Docker {engine.engine_version} (API {engine.api_version}), "
+            f"engine   {report.backend}: {engine.product} {engine.engine_version} (API {engine.api_version}), "
             f"runc {engine.runc_version}, {engine.runsc_version or 'runsc not installed'}, "
             f"runtimes: {', '.join(engine.runtimes)}"
         )
@@ -347,6 +348,7 @@ def build_parser() -> argparse.ArgumentParser:
     shown.add_argument("--spills", action="store_true", help="its saved results (spills and exports) instead")
     ls.add_argument("--json", action="store_true")
     ls.set_defaults(func=cmd_ls)
+    add_kube_parser(sub)
     watch = sub.add_parser(
         WATCH_COMMAND, help="(started by serve over stdio) end a conversation's sandbox once its client exits"
     )

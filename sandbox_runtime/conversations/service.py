@@ -215,6 +215,7 @@ class ConversationService:
                     self.slots.drop(slot)
                 except (QuotaError, OSError) as exc:
                     logger.warning("could not remove pool slot %s: %s", slot, exc)
+        self.manager.backend.let_go_of_folders()
         self.volumes.release_held()
 
     def close(self, conversation_id: str) -> bool:

@@ -159,6 +159,7 @@ class ScriptCalls(Protocol):
 class EngineInfo(_Model):
     """Facts about the engine and host that doctor shows."""
 
+    product: str = Field("Docker", description="The engine's name, as its maker spells it (Docker, Podman).")
     engine_version: str
     api_version: str
     kernel_version: str
@@ -200,6 +201,9 @@ class SandboxBackend(abc.ABC):
     """A run that a signal ended: how long the engine is asked whether the sandbox was being removed."""
     sandbox_end_settle_s: ClassVar[float] = 3.0
     """A run whose sandbox ended: how long the engine is given to record the end (and an OOM kill)."""
+    stops_before_removal: ClassVar[bool] = False
+    """Whether the engine shows a removal only after it has stopped the container (a stopped sandbox may still
+    be on its way out)."""
 
     @abc.abstractmethod
     def engine_info(self) -> EngineInfo:
@@ -268,6 +272,7 @@ class SandboxBackend(abc.ABC):
             oom_before,
             removal_settle_s=self.removal_settle_s,
             sandbox_end_settle_s=self.sandbox_end_settle_s,
+            stops_before_removal=self.stops_before_removal,
         )
 
     @abc.abstractmethod
@@ -297,6 +302,13 @@ class SandboxBackend(abc.ABC):
         next run starts one again); how many. A backend that keeps none has nothing to drop."""
         del idle_s
         return 0
+
+    def let_go_of_folders(self) -> None:
+        """At the runtime's close, before it unmounts the results folders it mounted: a backend whose sandboxes
+        hold the host's own view of their folders (no mount of their own) lets go of it, so the unmount is not
+        refused; its sandboxes find their folders at their paths from then on. A backend whose sandboxes mount
+        the folder for themselves (every engine) has nothing to let go of."""
+        return
 
     @abc.abstractmethod
     def oom_kill_count(self, container_id: str) -> int | None:

@@ -32,17 +32,22 @@ _CANCEL_DRAIN_S = 1.0  # after the processes were ended, how long the rest of th
 _CGROUP_ROOT = Path("/sys/fs/cgroup")
 
 
-# where the engine's cgroups live: cgroupfs or systemd, v1 or v2 (the first layout that answered is tried first)
+# where the engine's cgroups live: Docker's or Podman's, cgroupfs or systemd, v1 or v2 (the first layout that
+# answered is tried first)
 _CGROUP_LAYOUTS = [
     "{root}/{controller}/docker/{id}/{v1}",
     "{root}/docker/{id}/{v2}",
     "{root}/{controller}/system.slice/docker-{id}.scope/{v1}",
     "{root}/system.slice/docker-{id}.scope/{v2}",
+    "{root}/{controller}/libpod_parent/libpod-{id}/{v1}",
+    "{root}/libpod_parent/libpod-{id}/{v2}",
+    "{root}/{controller}/machine.slice/libpod-{id}.scope/{v1}",
+    "{root}/machine.slice/libpod-{id}.scope/{v2}",
 ]
 
 
 def read_cgroup_file(container_id: str, controller: str, v1_name: str, v2_name: str) -> str | None:
-    """Read a cgroup file of a Docker container under the cgroupfs or systemd layouts, v1 or v2."""
+    """Read a cgroup file of a Docker or Podman container under the cgroupfs or systemd layouts, v1 or v2."""
     for layout in list(_CGROUP_LAYOUTS):
         path = layout.format(root=_CGROUP_ROOT, controller=controller, id=container_id, v1=v1_name, v2=v2_name)
         try:

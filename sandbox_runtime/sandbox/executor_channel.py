@@ -1,5 +1,6 @@
 """The host's end of one resident executor (``_data/images/executor/executor.py``): a long exec with its stdin
-attached, requests written to it as lines, its frames read from its stdout inside Docker's attach stream.
+attached, requests written to it as lines, its frames read from its stdout: inside Docker's attach stream
+(``muxed``: stdout and stderr interleaved under 8-byte headers), or as a plain stream of its stdout alone.
 
 The executor's docstring has the protocol and why a run cannot forge what the host is told: the host makes a
 fresh nonce for every run, believes ``D`` (done) only with that nonce after ``S`` (started) with it, and takes
@@ -84,9 +85,9 @@ class _Broken(Exception):
 
 class Channel:
     """One resident executor, reached through ``stream`` (the exec's attach stream, stdin included: a socket, or
-    the engine client's wrapper of one)."""
+    the engine client's wrapper of one; ``muxed``: in Docker's framing, else the executor's stdout as it is)."""
 
-    def __init__(self, stream: Any, exec_id: str, key: tuple[object, ...]) -> None:
+    def __init__(self, stream: Any, exec_id: str, key: tuple[object, ...], *, muxed: bool = True) -> None:
         self._stream = stream
         self._sock = getattr(stream, "_sock", stream)
         self._fd = self._sock.fileno()
@@ -95,7 +96,7 @@ class Channel:
         self.pid: int | None = None
         self.last_used = time.monotonic()
         self.busy = False
-        self._demux = Demux()
+        self._demux = Demux() if muxed else None
         self._inner = bytearray()
         self.diagnostics = bytearray()
 
@@ -198,7 +199,7 @@ class Channel:
         chunk = os.read(self._fd, 65536)
         if not chunk:
             return None
-        for stream, payload in self._demux.feed(chunk):
+        for stream, payload in self._demux.feed(chunk) if self._demux is not None else [(_STDOUT, chunk)]:
             if stream == _STDOUT:
                 self._inner += payload
             elif stream == _STDERR and len(self.diagnostics) < _DIAGNOSTICS_MAX_BYTES:

@@ -46,6 +46,11 @@ _READY_TIMEOUT_S = 30.0  # a new executor's first frame: an interpreter start, u
 class Engine(Protocol):
     """What the executors need of the engine."""
 
+    @property
+    def muxed(self) -> bool:
+        """Whether an exec's attach stream interleaves stdout and stderr in Docker's framing (else it carries the
+        executor's stdout alone)."""
+
     def open_exec(self, container_id: str, command: tuple[str, ...], request: RunRequest) -> tuple[Any, str]:
         """Start ``command`` with stdin attached; its attach socket and exec id (SandboxGone: no sandbox)."""
 
@@ -121,7 +126,7 @@ class ResidentExecutors:
         with self._guard:
             libraries = self._libraries.get(container_id, ())
         sock, exec_id = self._engine.open_exec(container_id, executor_command(request, libraries), request)
-        channel = Channel(sock, exec_id, key)
+        channel = Channel(sock, exec_id, key, muxed=self._engine.muxed)
         if not channel.ready(time.monotonic() + _READY_TIMEOUT_S, watch):
             channel.close()
             if not self._engine.still_serves(container_id, request.user, watch):

@@ -54,6 +54,7 @@ _IMAGE_FILES = (
     "selfcheck.py",
     "executor.py",
     "sandbox_tools.py",
+    "keeper.py",
 )
 _SUBPROCESS_TIMEOUT_S = 900
 
@@ -162,9 +163,20 @@ def _offline_base(backend: ImageBuilder, cache_dir: Path, progress: ProgressCall
     if backend.image_exists(reference):
         progress(f"base image {reference} is present")
         return reference
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    packed = cache_dir / f"rootfs-{_DEBIAN_SUITE}-{key}.tar"  # kept: a second engine imports the same base
+    if not packed.is_file():
+        _make_rootfs(cache_dir, packed, mirror, progress)
+    else:
+        progress(f"root filesystem {packed} is cached")
+    backend.import_rootfs(str(packed), reference, progress)
+    return reference
+
+
+def _make_rootfs(cache_dir: Path, packed: Path, mirror: str | None, progress: ProgressCallback) -> None:
+    """debootstrap a minimal Debian into a folder and pack it as ``packed`` (renamed there once whole)."""
     if shutil.which("debootstrap") is None:
         raise ImageError("the offline build needs debootstrap: apt-get install -y debootstrap")
-    cache_dir.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=cache_dir, prefix="rootfs-") as work:
         rootfs = Path(work) / "rootfs"
         command = [
@@ -180,8 +192,7 @@ def _offline_base(backend: ImageBuilder, cache_dir: Path, progress: ProgressCall
         _run(command, progress, "debootstrap")
         tar_path = Path(work) / "rootfs.tar"
         _run(["tar", "-C", str(rootfs), "--numeric-owner", "-cf", str(tar_path), "."], progress, "pack rootfs")
-        backend.import_rootfs(str(tar_path), reference, progress)
-    return reference
+        tar_path.replace(packed)
 
 
 def _registry_answers() -> bool:

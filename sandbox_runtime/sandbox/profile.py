@@ -29,6 +29,7 @@ from sandbox_runtime.sandbox.runs import VerdictName
 
 __all__ = [
     "EXECUTOR",
+    "KEEPER",
     "KEEPER_COMMAND",
     "LABEL_CONVERSATION",
     "LABEL_CREATED_AT",
@@ -64,6 +65,7 @@ PYTHON = "/opt/venv/bin/python"
 RUNNER = "/opt/sandbox/run.py"
 EXECUTOR = "/opt/sandbox/executor.py"
 SELFCHECK = "/opt/sandbox/selfcheck.py"
+KEEPER = "/opt/sandbox/keeper.py"  # the first process where the engine gives no init (a pod): it reaps orphans
 
 _ENV_ALLOW_LIST = {
     "HOME": "/tmp",
@@ -219,6 +221,7 @@ def container_spec(policy: Policy, image: str, results_host_path: str, labels: d
         pids_limit=limits.pids_max,
         ulimits={
             "nofile": limits.open_files_max,
+            "nproc": limits.processes_per_uid_max,
             "fsize": limits.file_size_max_bytes,
             "core": 0,
             "cpu": limits.cpu_time_max_s,

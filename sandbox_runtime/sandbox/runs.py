@@ -138,11 +138,14 @@ def settle_end(
     *,
     removal_settle_s: float,
     sandbox_end_settle_s: float,
+    stops_before_removal: bool = False,
 ) -> RunEnd:
     """The engine's word on a finished run's end. The OOM counter is read again unless the sandbox itself ended
     (then its own record tells); the engine is asked whether the sandbox was removed or ended only when the run
     ended abruptly (the container died, the stream ended with no exit code, or a signal ended the runner with no
-    OOM kill to explain it), for at most ``sandbox_end_settle_s`` (the container died) or ``removal_settle_s``."""
+    OOM kill to explain it), for at most ``sandbox_end_settle_s`` (the container died) or ``removal_settle_s``.
+    ``stops_before_removal``: the engine shows a removal only once it has stopped the container (Podman), so a
+    stopped sandbox that no OOM kill explains is watched until it is gone or the time is up."""
     result, verdict = output
     if result.cancelled:
         return RunEnd(oom_kills=None)
@@ -156,7 +159,8 @@ def settle_end(
         info = engine.inspect(container_id)
         if info is None or info.status in _GONE_STATES:
             return end._replace(removed=True)
-        if not info.running or time.monotonic() >= deadline:
+        settled = not info.running and (info.oom_killed or not stops_before_removal)
+        if settled or time.monotonic() >= deadline:
             return end._replace(oom_killed=info.oom_killed)
         time.sleep(_POLL_S)
 

@@ -20,7 +20,7 @@ from sandbox_runtime.policy import Policy
 from sandbox_runtime.sandbox.backend import ContainerSpec, EngineInfo, HostFacts, SandboxBackend
 from sandbox_runtime.sandbox.profile import PYTHON, SELFCHECK, exec_environment, run_by_exec, run_request
 
-__all__ = ["Check", "SelfCheckReport", "evaluate_probe", "run_self_check"]
+__all__ = ["Check", "SelfCheckReport", "evaluate_probe", "probe_sandbox", "run_self_check"]
 
 logger = logging.getLogger(__name__)
 
@@ -258,6 +258,32 @@ def _loopback_listener() -> Iterator[int]:
         yield int(listener.getsockname()[1])
 
 
+def probe_sandbox(
+    backend: SandboxBackend,
+    policy: Policy,
+    container_id: str,
+    *,
+    quota_mode: str,
+    create_warnings: tuple[str, ...] = (),
+) -> list[Check]:
+    """Run the probe in a running sandbox (a canary, or a pod ``podman kube play`` started) and judge what it
+    reports against the policy (:func:`evaluate_probe`)."""
+    with _loopback_listener() as port:
+        program = (PYTHON, "-I", SELFCHECK, policy.sandbox.results_mount_path, str(port))
+        request = run_request(policy, _PROBE_DEADLINE_S, program).model_copy(
+            update={"stdout_max_bytes": _PROBE_OUTPUT_MAX_BYTES, "stderr_max_bytes": _PROBE_OUTPUT_MAX_BYTES}
+        )
+        result, _verdict = run_by_exec(backend, container_id, request)
+        host = backend.host_facts(container_id)
+    if result.exit_code != 0:
+        raise SandboxError(
+            f"the self-check probe failed in sandbox {container_id[:12]} (exit code {result.exit_code}): "
+            f"{result.stderr.decode(errors='replace')[-2000:]}"
+        )
+    probe = json.loads(result.stdout)
+    return evaluate_probe(probe, policy, quota_mode=quota_mode, host=host, create_warnings=create_warnings)
+
+
 def run_self_check(
     backend: SandboxBackend,
     policy: Policy,
@@ -281,24 +307,11 @@ def run_self_check(
             checks=(),
             not_enforced=backend.not_enforced,
         )
-    with _loopback_listener() as port:
-        info = backend.create_and_start(spec)
-        try:
-            program = (PYTHON, "-I", SELFCHECK, policy.sandbox.results_mount_path, str(port))
-            request = run_request(policy, _PROBE_DEADLINE_S, program).model_copy(
-                update={"stdout_max_bytes": _PROBE_OUTPUT_MAX_BYTES, "stderr_max_bytes": _PROBE_OUTPUT_MAX_BYTES}
-            )
-            result, _verdict = run_by_exec(backend, info.id, request)
-            host = backend.host_facts(info.id)
-        finally:
-            backend.remove(info.id)
-    if result.exit_code != 0:
-        raise SandboxError(
-            f"the self-check probe failed in the canary (exit code {result.exit_code}): "
-            f"{result.stderr.decode(errors='replace')[-2000:]}"
-        )
-    probe = json.loads(result.stdout)
-    checks = evaluate_probe(probe, policy, quota_mode=quota_mode, host=host, create_warnings=info.warnings)
+    info = backend.create_and_start(spec)
+    try:
+        checks = probe_sandbox(backend, policy, info.id, quota_mode=quota_mode, create_warnings=info.warnings)
+    finally:
+        backend.remove(info.id)
     logger.info("self-check: %d checks, %d failed", len(checks), sum(not c.ok for c in checks))
     return SelfCheckReport(
         backend=backend.name,

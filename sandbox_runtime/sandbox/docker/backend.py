@@ -14,11 +14,13 @@ while a command runs (a daemon restart) raises :class:`~sandbox_runtime.errors.E
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import os
 import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
+from typing import Any, ClassVar
 
 import docker
 import docker.errors
@@ -72,8 +74,18 @@ def _gone(exc: docker.errors.APIError) -> bool:
     return "is not running" in str(exc.explanation or exc)
 
 
+@dataclasses.dataclass(frozen=True)
+class EngineWords:
+    """How errors name an engine that speaks Docker's API: the engine, and how a user starts or finds it."""
+
+    name: str = "the Docker engine"
+    start_hint: str = "is dockerd running? Start it (see README: scripts/setup.sh) or set DOCKER_HOST"
+
+
 @contextlib.contextmanager
-def _mapped(action: str, error: type[Exception] = SandboxError, *, during_command: bool = False) -> Iterator[None]:
+def _mapped(
+    action: str, error: type[Exception] = SandboxError, *, during_command: bool = False, words: EngineWords
+) -> Iterator[None]:
     """Turn docker and transport errors into our tree, most specific first. ``during_command``: the engine is
     asked about a command that was running, so an engine that cannot be reached went away under it."""
     try:
@@ -83,22 +95,19 @@ def _mapped(action: str, error: type[Exception] = SandboxError, *, during_comman
     except docker.errors.ImageNotFound as exc:
         raise ImageError(f"{action}: image not found: {exc.explanation or exc}") from exc
     except docker.errors.APIError as exc:
-        raise error(f"{action}: the Docker engine refused: {exc.explanation or exc}") from exc
+        raise error(f"{action}: {words.name} refused: {exc.explanation or exc}") from exc
     except (requests.exceptions.ConnectionError, ConnectionError, requests.exceptions.ReadTimeout) as exc:
         if during_command:
             raise EngineLost(
-                f"{action}: the Docker engine went away while the command ran ({exc}): how it ended is unknown "
-                "(a daemon restart ends every sandbox); files it wrote stay, and once the engine is back the "
+                f"{action}: {words.name} went away while the command ran ({exc}): how it ended is unknown "
+                "(an engine restart ends every sandbox); files it wrote stay, and once the engine is back the "
                 "conversation's next call starts a fresh sandbox"
             ) from exc
         if isinstance(exc, requests.exceptions.ReadTimeout):
-            raise EngineUnavailable(f"{action}: the Docker engine did not answer in time ({exc})") from exc
-        raise EngineUnavailable(f"{action}: cannot reach the Docker engine ({exc}); is dockerd running?") from exc
+            raise EngineUnavailable(f"{action}: {words.name} did not answer in time ({exc})") from exc
+        raise EngineUnavailable(f"{action}: cannot reach {words.name} ({exc}); {words.start_hint}") from exc
     except docker.errors.DockerException as exc:
-        raise EngineUnavailable(
-            f"{action}: cannot reach the Docker engine ({exc}). Start it (see README: scripts/setup.sh) or set "
-            "DOCKER_HOST to a running engine."
-        ) from exc
+        raise EngineUnavailable(f"{action}: cannot reach {words.name} ({exc}); {words.start_hint}") from exc
 
 
 class DockerBackend(SandboxBackend, ImageBuilder):
@@ -111,12 +120,13 @@ class DockerBackend(SandboxBackend, ImageBuilder):
     removal_settle_s = 1.0
     sandbox_end_settle_s = 3.0
 
+    words: ClassVar[EngineWords] = EngineWords()
+
     def __init__(self, environment: Mapping[str, str] | None = None, timeout_s: float = 60.0) -> None:
-        env = dict(os.environ if environment is None else environment)
-        options = kwargs_from_env(environment=env)
-        self._base_url = str(options.get("base_url") or f"unix://{_DEFAULT_SOCKET}")
+        options = self.client_options(dict(os.environ if environment is None else environment))
+        self._base_url = str(options["base_url"])
         self._knock_timeout_s = timeout_s
-        with _mapped("connect", EngineUnavailable):
+        with _mapped("connect", EngineUnavailable, words=self.words):
             knock(self._base_url, timeout_s)
             self._client = docker.DockerClient(**options, timeout=int(timeout_s))
         self._api = self._client.api
@@ -124,13 +134,20 @@ class DockerBackend(SandboxBackend, ImageBuilder):
         self._first_pids: dict[str, int] = {}  # container id -> host pid of its first process
         self._executors = ResidentExecutors(_EngineSide(self))
 
+    @classmethod
+    def client_options(cls, environment: Mapping[str, str]) -> dict[str, Any]:
+        """docker-py's client options from the environment (``DOCKER_HOST``, ``DOCKER_TLS_VERIFY``, ...)."""
+        options: dict[str, Any] = dict(kwargs_from_env(environment=dict(environment)))
+        options.setdefault("base_url", f"unix://{_DEFAULT_SOCKET}")
+        return options
+
     @contextlib.contextmanager
     def _engine(
         self, action: str, error: type[Exception] = SandboxError, *, during_command: bool = False
     ) -> Iterator[None]:
         """A use of the engine, errors mapped (:func:`_mapped`); a local engine's socket is knocked on first, so
         an engine that went away is found without docker-py (which leaks the socket of a connection that fails)."""
-        with _mapped(action, error, during_command=during_command):
+        with _mapped(action, error, during_command=during_command, words=self.words):
             knock(self._base_url, self._knock_timeout_s)
             yield
 
@@ -228,8 +245,10 @@ class DockerBackend(SandboxBackend, ImageBuilder):
                 stdin_open=False,
                 tty=False,
             )
-        container_id = str(created["Id"])
-        warnings = tuple(str(w) for w in created.get("Warnings") or ())
+        return self._started(str(created["Id"]), tuple(str(w) for w in created.get("Warnings") or ()))
+
+    def _started(self, container_id: str, warnings: tuple[str, ...]) -> ContainerInfo:
+        """Start a created container (removed again when it does not start): what the engine says of it."""
         try:
             with self._engine("start sandbox container"):
                 self._api.start(container_id)
@@ -355,7 +374,7 @@ class DockerBackend(SandboxBackend, ImageBuilder):
             caller = Caller(control, started, request.deadline_s, lambda: self._end_all(container_id, request.user))
         caps = (request.stdout_max_bytes, request.stderr_max_bytes)
         try:
-            with _mapped("read a command's output", during_command=True):
+            with _mapped("read a command's output", during_command=True, words=self.words):
                 frames = read_frames(sock, started + request.deadline_s, caps, watch, caller)
         finally:
             for handle in (raw, sock):
@@ -382,7 +401,7 @@ class DockerBackend(SandboxBackend, ImageBuilder):
         except SandboxGone:
             return False
         except EngineUnavailable as exc:
-            raise EngineLost(f"the Docker engine went away while a command ran: {exc}") from exc
+            raise EngineLost(f"{self.words.name} went away while a command ran: {exc}") from exc
         return frames.stop == "eof" and exit_code == 0
 
     def _end_all(self, container_id: str, user: str) -> None:
@@ -495,6 +514,8 @@ class DockerBackend(SandboxBackend, ImageBuilder):
 
 class _EngineSide:
     """The engine's side of the resident executors (:class:`~sandbox_runtime.sandbox.executors.Engine`)."""
+
+    muxed = True
 
     def __init__(self, backend: DockerBackend) -> None:
         self._backend = backend

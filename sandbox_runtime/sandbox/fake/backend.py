@@ -7,7 +7,10 @@ runs as this process's user with its network, its whole filesystem and no memory
 keeps is the contract the rest of the runtime relies on: labels, listing, inspect, re-attach by label within the
 process, restart and remove ending a running command, ``SandboxGone`` for a removed container, the runner's
 statuses (exit codes, time limit with grace, output caps and the verdict record), the host's caps and deadline,
-cancel and progress.
+cancel and progress. Runs go to the image's own resident executor, run as a host process
+(:mod:`~sandbox_runtime.sandbox.fake.executors`), so a script's ``import sandbox_tools`` calls the host's tools
+as it does in a sandbox; a plain exec (``exec``) keeps the runner's contract on the host
+(:mod:`~sandbox_runtime.sandbox.fake.run`).
 
 Paths: the results folder is the spec's one bind mount. Its in-sandbox path (``/mnt/results``) is rewritten to
 the host folder in a command's arguments, its working directory and its environment (``SANDBOX_RESULTS``); code
@@ -24,7 +27,6 @@ import os
 import platform
 import secrets
 import subprocess
-import sys
 import threading
 from dataclasses import dataclass, field
 
@@ -42,8 +44,10 @@ from sandbox_runtime.sandbox.backend import (
     SandboxBackend,
     ScriptCalls,
 )
+from sandbox_runtime.sandbox.executors import ResidentExecutors
+from sandbox_runtime.sandbox.fake.executors import HostExecutorEngine, HostPlace
 from sandbox_runtime.sandbox.fake.run import RunnerLimits, end_group, run_command
-from sandbox_runtime.sandbox.profile import PYTHON, RUNNER, end_all_command, run_by_exec
+from sandbox_runtime.sandbox.profile import PYTHON, RUNNER, end_all_command
 
 __all__ = ["FakeBackend"]
 
@@ -65,6 +69,10 @@ class _Container:
         if self.results_fd is not None:
             self.results_at = os.readlink(f"/proc/self/fd/{self.results_fd}")
         return self.results_at
+
+    def place(self) -> HostPlace:
+        """Where the results folder is on the host now, and the path it has in the sandbox."""
+        return HostPlace(self.spec.mounts[0].container_path, self.results_path())
 
     def let_go(self) -> None:
         """Close the folder's descriptor (its file system can be unmounted); it is found at its path from now."""
@@ -102,6 +110,8 @@ class FakeBackend(SandboxBackend):
     def __init__(self) -> None:
         self._containers: dict[str, _Container] = {}
         self._guard = threading.Lock()
+        self._host_executors = HostExecutorEngine(self._running_place)
+        self._executors = ResidentExecutors(self._host_executors)
 
     def engine_info(self) -> EngineInfo:
         return EngineInfo(
@@ -146,16 +156,20 @@ class FakeBackend(SandboxBackend):
         return None if container is None else container.info()
 
     def remove(self, container_id: str) -> None:
+        self._executors.discard(container_id)
         with self._guard:
             container = self._containers.pop(container_id, None)
         if container is not None:
             container.running = False
             self._end_runs(container)
+            self._host_executors.end_container(container_id)
             container.let_go()
 
     def restart(self, container_id: str) -> None:
         container = self._container(container_id)
+        self._executors.forget(container_id)
         self._end_runs(container)
+        self._host_executors.end_container(container_id)
         container.running = True
 
     def _container(self, container_id: str) -> _Container:
@@ -164,6 +178,12 @@ class FakeBackend(SandboxBackend):
         if container is None:
             raise SandboxGone(f"sandbox {container_id[:12]} is gone")
         return container
+
+    def _running_place(self, container_id: str) -> HostPlace:
+        container = self._container(container_id)
+        if not container.running:
+            raise SandboxGone(f"sandbox {container_id[:12]} has stopped")
+        return container.place()
 
     def _end_runs(self, container: _Container) -> None:
         with self._guard:
@@ -184,15 +204,7 @@ class FakeBackend(SandboxBackend):
                 exit_code=0, stdout=b"", stderr=b"", stdout_bytes_total=0, stderr_bytes_total=0, duration_s=0.0
             )
         command, runner = _split_runner(tuple(request.command))
-        inside = container.spec.mounts[0].container_path.rstrip("/")
-        folder = container.results_path()
-
-        def host_path(value: str) -> str:
-            if value == inside or value.startswith(inside + "/"):
-                return folder + value[len(inside) :]
-            return value
-
-        argv = [sys.executable if part == PYTHON else host_path(part) for part in command]
+        place = container.place()
 
         def track(process: subprocess.Popen[bytes], running: bool) -> None:
             with self._guard:
@@ -202,9 +214,9 @@ class FakeBackend(SandboxBackend):
                     container.runs.discard(process)
 
         return run_command(
-            argv,
-            cwd=host_path(request.working_dir),
-            environment={key: host_path(value) for key, value in request.environment.items()},
+            place.argv(command),
+            cwd=place.path(request.working_dir),
+            environment=place.environment(request.environment),
             caps=(request.stdout_max_bytes, request.stderr_max_bytes),
             deadline_s=request.deadline_s,
             runner=runner,
@@ -219,8 +231,25 @@ class FakeBackend(SandboxBackend):
         control: CallControl | None = None,
         calls: ScriptCalls | None = None,
     ) -> RunnerOutput:
-        del calls  # a script on the host has no sandbox_tools to call with
-        return run_by_exec(self, container_id, request, control)  # the runner's contract, kept by exec below
+        return self._executors.run(container_id, self._on_host(container_id, request), control, calls)
+
+    def prepare_run(self, container_id: str, request: RunRequest) -> None:
+        self._executors.preload(container_id, self._on_host(container_id, request))
+
+    def drop_idle_executors(self, idle_s: float) -> int:
+        return self._executors.drop_idle(idle_s)
+
+    def _on_host(self, container_id: str, request: RunRequest) -> RunRequest:
+        """A run request with its in-sandbox paths (the script, arguments, working folder, environment) as they
+        are on the host."""
+        place = self._running_place(container_id)
+        return request.model_copy(
+            update={
+                "program": tuple(place.argv(request.program)),
+                "working_dir": place.path(request.working_dir),
+                "environment": place.environment(request.environment),
+            }
+        )
 
     def oom_kill_count(self, container_id: str) -> int | None:
         return None  # no memory limit, no counter
@@ -228,13 +257,19 @@ class FakeBackend(SandboxBackend):
     def host_facts(self, container_id: str) -> HostFacts:
         return HostFacts(runtime="fake")
 
-    def close(self) -> None:
+    def let_go_of_folders(self) -> None:
         """The containers stay (another runtime of this process may re-attach them), found at their folders' paths
-        from now on: nothing here keeps a folder's file system busy."""
+        from now on, and their idle executors end (each holds no folder of its own; a run starts in its folder):
+        nothing here keeps a folder's file system busy once its runs are over."""
+        self._executors.close()
+        self._host_executors.reap()
         with self._guard:
             containers = list(self._containers.values())
         for container in containers:
             container.let_go()
+
+    def close(self) -> None:
+        self.let_go_of_folders()
 
 
 def _split_runner(command: tuple[str, ...]) -> tuple[tuple[str, ...], RunnerLimits | None]:

@@ -1,7 +1,9 @@
 """The resident executor: one preloaded interpreter per sandbox that starts each run as a fresh forked process.
 
-Usage: python -I executor.py NPROC_MAX [LIBRARIES]   (run by the host as one long ``docker exec`` with stdin
-attached; LIBRARIES: a comma-separated list of the office libraries to load at once, e.g. ``openpyxl,docx``)
+Usage: python -I executor.py NPROC_MAX [LIBRARIES] [--session]   (run by the host as one long ``docker exec``
+with stdin attached; LIBRARIES: a comma-separated list of the office libraries to load at once, e.g.
+``openpyxl,docx``; ``--session``: a host process, not a sandbox's, whose sweeps end only the processes of its own
+session, with every run kept in that session: the fake backend's, see ``run.py``)
 
 The host talks to it over that exec's stdin and stdout, which pass under runc and gVisor alike and are no
 network. It imports the standard library's common modules once (and the libraries of LIBRARIES), freezes its
@@ -508,7 +510,8 @@ def _prepare(spare, nproc_max):
     signal.signal(signal.SIGPIPE, signal.SIG_IGN)  # as Python sets it at start-up
     try:
         confine.set_name(SPARE_NAME)
-        os.setsid()
+        if not runner.SESSION_ONLY:
+            os.setsid()
         confine.install(nproc_max)
         confine.allow_inspection()  # as a script that ``python`` started: its own children may debug it
     except Exception as exc:
@@ -618,8 +621,10 @@ BASE_PATH = [entry for entry in sys.path if entry and entry != os.path.dirname(o
 
 
 def main(argv):
-    nproc_max = int(argv[1])
-    libraries = {name for name in (argv[2] if len(argv) > 2 else "").split(",") if name in LIBRARIES}
+    words = [word for word in argv[1:] if not word.startswith("--")]
+    runner.SESSION_ONLY = "--session" in argv[1:]
+    nproc_max = int(words[0])
+    libraries = {name for name in (words[1] if len(words) > 1 else "").split(",") if name in LIBRARIES}
     for sig in _IGNORED:
         signal.signal(sig, signal.SIG_IGN)
     runner.sweep(0.0)  # a spare or a run left by an earlier executor

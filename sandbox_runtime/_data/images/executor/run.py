@@ -41,6 +41,10 @@ their own EXIT. Without a record every exit status is the script's own. Why the 
 * A script that exits 124, 125 or 126 itself gets ``exited 124`` (etc.) from the runner; a record it
   printed and then ended the runner by a signal carries an EXIT that is not the exec's status.
 
+Outside a sandbox (the fake backend runs the resident executor as a host process) a sweep by uid would end
+every process of the host's user, so there the executor sets ``SESSION_ONLY``: a sweep then ends the processes
+of this process's session only (a process that leaves it is not ended; the fake backend says so).
+
 Standard library only: this file runs inside the executor image.
 """
 
@@ -55,31 +59,42 @@ OUTPUT_LIMIT_EXIT = 125
 NOT_STARTED_EXIT = 126
 LEFT_RUNNING_EXIT = 127
 RECORD_MARK = b"\0sandbox-runtime-verdict "
+SESSION_ONLY = False  # a sweep ends this session's processes, not the uid's (a host process: see the docstring)
 
 
-def _others_exist():
-    """Whether any process of this uid other than this one is alive (zombies excepted)."""
+def _others():
+    """The pids of the processes a sweep ends, other than this one, that are alive (zombies excepted): every
+    process of this uid, or of this session with ``SESSION_ONLY``. Never pid 1, which ``kill(-1)`` does not reach
+    either: the container's init (in a pod, the keeper, under the code's uid)."""
     me, uid = os.getpid(), os.getuid()
+    session = os.getsid(0) if SESSION_ONLY else None
+    found = []
     for name in os.listdir("/proc"):
-        if not name.isdigit() or int(name) == me:
+        if not name.isdigit() or int(name) in (me, 1):
             continue
         try:
             if os.stat("/proc/" + name).st_uid != uid:
                 continue
             with open("/proc/" + name + "/stat", "rb") as handle:
-                state = handle.read().rsplit(b")", 1)[1].split()[0]
+                fields = handle.read().rsplit(b")", 1)[1].split()
         except (OSError, IndexError):
             continue  # it ended while we looked
-        if state not in (b"Z", b"X"):
-            return True
-    return False
+        if fields[0] not in (b"Z", b"X") and (session is None or int(fields[3]) == session):
+            found.append(int(name))
+    return found
+
+
+def _others_exist():
+    """Whether any process a sweep ends is alive, other than this one (zombies excepted)."""
+    return bool(_others())
 
 
 def _signal_all(sig):
-    try:
-        os.kill(-1, sig)
-    except ProcessLookupError:
-        pass
+    for pid in _others() if SESSION_ONLY else (-1,):
+        try:
+            os.kill(pid, sig)
+        except ProcessLookupError:
+            pass
 
 
 def _reap_children():

@@ -112,7 +112,7 @@ class ToolResult:
         """The whole result as text: the saved file when there is one, else ``text``."""
         if self.path is None:
             return self.text
-        with open(self.path, encoding="utf-8") as handle:
+        with open(_here(self.path), encoding="utf-8") as handle:
             return handle.read()
 
     def json(self):
@@ -125,7 +125,7 @@ class ToolResult:
         """A table result's rows as dicts (column name to value), whether it came inline or as a file: a query's
         rows, a JSON array of objects, or ``{"columns": [...], "rows": [[...]]}``."""
         if (self.path or "").endswith(_TABLE_SUFFIX):
-            with open(self.path, encoding="utf-8") as handle:
+            with open(_here(self.path), encoding="utf-8") as handle:
                 columns = json.loads(handle.readline())["columns"]
                 return [dict(zip(columns, json.loads(line), strict=True)) for line in handle if line.strip()]
         value = json.loads(self.read())
@@ -162,6 +162,16 @@ class ToolInfo:
 class _Catalog(list):
     def __str__(self):
         return "\n".join(str(info) for info in self) or "(no tools may be called from this run)"
+
+
+def _here(path):
+    """A path in the results folder, as the host names it (the sandbox's path), where this process finds it: the
+    same path in a sandbox; under the fake backend, which runs the code on the host, the host folder
+    (``SANDBOX_RESULTS``) that stands for the sandbox's path (``SANDBOX_RESULTS_MOUNT``, set by that backend only)."""
+    mount, folder = os.environ.get("SANDBOX_RESULTS_MOUNT"), os.environ.get("SANDBOX_RESULTS")
+    if mount and folder and (path == mount or path.startswith(mount.rstrip("/") + "/")):
+        return folder + path[len(mount.rstrip("/")) :]
+    return path
 
 
 def _connect(calls_fd, replies_fd):
