@@ -66,12 +66,17 @@ _DEFAULT_SOCKET = "/var/run/docker.sock"
 _END_ALL_DEADLINE_S = 1.5  # the cancel's own exec: its program gives up after 1 s of retries
 
 
+def _missing(exc: docker.errors.APIError) -> bool:
+    """Whether the engine answered that the container (or exec) does not exist: not found, or (Podman, while it
+    removes a container: its record goes before its answers say so) "no such container" with a server error."""
+    said = str(exc.explanation or exc)
+    return isinstance(exc, docker.errors.NotFound) or "no such container" in said or "no such exec" in said
+
+
 def _gone(exc: docker.errors.APIError) -> bool:
     """Whether the engine refused a command because the container is gone, stopped or being removed (nothing
-    ran): not found, a conflict, or (from exec start) "is not running", e.g. "Removal In Progress"."""
-    if isinstance(exc, docker.errors.NotFound) or exc.status_code == 409:
-        return True
-    return "is not running" in str(exc.explanation or exc)
+    ran): missing, a conflict, or (from exec start) "is not running", e.g. "Removal In Progress"."""
+    return _missing(exc) or exc.status_code == 409 or "is not running" in str(exc.explanation or exc)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -270,8 +275,10 @@ class DockerBackend(SandboxBackend, ImageBuilder):
         with self._engine("inspect container"):
             try:
                 attrs = self._api.inspect_container(container_id)
-            except docker.errors.NotFound:
-                return None
+            except docker.errors.APIError as exc:
+                if _missing(exc):
+                    return None
+                raise
         return container_info(attrs)
 
     def remove(self, container_id: str) -> None:
@@ -279,10 +286,8 @@ class DockerBackend(SandboxBackend, ImageBuilder):
         with self._engine("remove container"):
             try:
                 self._api.remove_container(container_id, force=True, v=True)
-            except docker.errors.NotFound:
-                return
             except docker.errors.APIError as exc:
-                if "already in progress" in str(exc):
+                if _missing(exc) or "already in progress" in str(exc):
                     return
                 raise
 
@@ -389,8 +394,10 @@ class DockerBackend(SandboxBackend, ImageBuilder):
         with self._engine("inspect the sandbox after a command ended abruptly", during_command=True):
             try:
                 state = self._api.inspect_container(container_id).get("State") or {}
-            except docker.errors.NotFound:
-                return False
+            except docker.errors.APIError as exc:
+                if _missing(exc):
+                    return False
+                raise
         if not state.get("Running") or not watch.alive():
             return False
         probe = ExecRequest(
@@ -436,8 +443,10 @@ class DockerBackend(SandboxBackend, ImageBuilder):
             with self._engine("inspect container"):
                 try:
                     state = self._api.inspect_container(container_id).get("State") or {}
-                except docker.errors.NotFound as exc:
-                    raise SandboxGone(f"sandbox {container_id[:12]} is gone: {exc.explanation or exc}") from exc
+                except docker.errors.APIError as exc:
+                    if _missing(exc):
+                        raise SandboxGone(f"sandbox {container_id[:12]} is gone: {exc.explanation or exc}") from exc
+                    raise
                 pid = int(state.get("Pid") or 0)
             self._first_pids[container_id] = pid
             self._host_pids_visible = self._host_pids_visible or pid_in_container(pid, container_id)
@@ -480,8 +489,10 @@ class DockerBackend(SandboxBackend, ImageBuilder):
             with self._engine("read a command's exit code", during_command=True):
                 try:
                     state = self._api.exec_inspect(exec_id)
-                except docker.errors.NotFound:
-                    return None  # the container was removed meanwhile, and its commands with it
+                except docker.errors.APIError as exc:
+                    if _missing(exc):
+                        return None  # the container was removed meanwhile, and its commands with it
+                    raise
             if not state.get("Running"):
                 code = state.get("ExitCode")
                 return None if code is None else int(code)
