@@ -17,7 +17,12 @@ restart, remove, images) goes through the compatible API. What differs from Dock
   runtime is runsc (``engine_info`` then lists it);
 * ulimits: Podman fills every ulimit the request leaves out with its own maximum, which a container with no
   capabilities may not take, so the profile always names ``nproc`` and ``nofile``;
-* an imported image is named in one parameter (Podman drops the separate tag).
+* an imported image is named in one parameter (Podman drops the separate tag);
+* removal: Podman shows a container as exited while it removes it, and answers "no such container" with a
+  server error before its record says so (``stops_before_removal``; the Docker backend takes that answer for
+  gone);
+* pods: :meth:`PodmanBackend.play_kube` runs a Pod manifest as ``podman kube play`` does (with no network), for
+  ``sandbox-runtime kube check``.
 """
 
 from __future__ import annotations
