@@ -8,15 +8,14 @@ left: no container, no second quota mount, no container processes. An MCP client
 that names the cause, and the server goes on serving.
 
 These tests stop and start the engine CI starts (``dockerd`` with our config file, its pid in
-/var/run/docker.pid), so nothing else may use Docker while they run (the suite runs one test at a time). They
-refuse to touch an engine this project did not start: outside CI they skip, under CI they fail.
+/var/run/docker.pid: :data:`tests.engine_services.DOCKERD`), so nothing else may use Docker while they run (the
+suite runs one test at a time). They refuse to touch an engine this project did not start: outside CI they skip,
+under CI they fail.
 """
 
 from __future__ import annotations
 
 import contextlib
-import os
-import signal
 import subprocess
 import threading
 import time
@@ -32,59 +31,19 @@ from sandbox_runtime.policy import Policy
 from sandbox_runtime.sandbox.docker.backend import DockerBackend
 from sandbox_runtime.sandbox.profile import LABEL_CONVERSATION, LABEL_STATE_DIR
 from tests.conftest import SESSION, TEST_LABEL, RuntimeFactory
+from tests.engine_services import DOCKERD
 from tests.mcp_helpers import run_bounded, stdio_params, text_of
 
-PROJECT = Path(__file__).resolve().parent.parent
-PID_FILE = Path("/var/run/docker.pid")
-OUR_CONFIG = "/etc/sandbox-runtime/dockerd.json"
-ENGINE_STOP_S = 60.0
+ENGINE_STOP_S = DOCKERD.stop_wait_s
 STARTED_WAIT_S = 60.0
 # the script marks that it runs, then waits far longer than the test: only the engine's end can end it
 LONG_RUN = "open('/mnt/results/started.txt', 'w').write('the run began')\nimport time\ntime.sleep(600)\n"
 
 
-def _our_engine_pid() -> int | None:
-    """The pid of the dockerd scripts/start-engine.sh started (our config file on its command line), else None."""
-    try:
-        pid = int(PID_FILE.read_text().strip())
-        argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-    except (OSError, ValueError):
-        return None
-    return pid if Path(argv[0].decode()).name == "dockerd" and OUR_CONFIG.encode() in argv else None
-
-
 @pytest.fixture
 def engine_pid(docker_backend: DockerBackend) -> int:
     """The engine may be stopped and started by this test: only the one this project started."""
-    pid = _our_engine_pid()
-    if pid is None:
-        reason = f"the Docker engine was not started by scripts/start-engine.sh (no dockerd with {OUR_CONFIG})"
-        if os.environ.get("CI"):
-            pytest.fail(f"CI is set but {reason}")
-        pytest.skip(reason)
-    return pid
-
-
-def _start_engine(log: Path) -> None:
-    with log.open("ab") as out:
-        done = subprocess.run(
-            ["bash", str(PROJECT / "scripts" / "start-engine.sh")],
-            stdin=subprocess.DEVNULL,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            timeout=120,
-            check=False,
-        )
-    assert done.returncode == 0, log.read_text()[-2000:]
-
-
-def _stop_engine(pid: int) -> None:
-    """Stop the engine as a service manager does (SIGTERM), and wait until its process has ended."""
-    os.kill(pid, signal.SIGTERM)
-    deadline = time.monotonic() + ENGINE_STOP_S
-    while Path(f"/proc/{pid}").exists():
-        assert time.monotonic() < deadline, f"dockerd {pid} did not end within {ENGINE_STOP_S} s of SIGTERM"
-        time.sleep(0.05)
+    return DOCKERD.our_pid_or_skip()
 
 
 def _wait_for(path: Path) -> None:
@@ -104,7 +63,7 @@ def engine_stopped_when(path: Path, pid: int, log: Path) -> Iterator[threading.E
     def stop() -> None:
         try:
             _wait_for(path)
-            _stop_engine(pid)
+            DOCKERD.stop(pid)
             stopped.set()
         except BaseException as exc:  # reported by the test's own thread below
             failures.append(exc)
@@ -117,7 +76,7 @@ def engine_stopped_when(path: Path, pid: int, log: Path) -> Iterator[threading.E
         assert not failures, failures
     finally:
         worker.join(STARTED_WAIT_S + ENGINE_STOP_S)
-        _start_engine(log)
+        DOCKERD.start(log)
 
 
 def _leftovers(container_id: str) -> list[str]:

@@ -1,24 +1,17 @@
-"""The Docker backend: the only module that imports ``docker``; every docker error is mapped here.
-
-Exec output is read from the raw attach socket with ``select`` so that a byte cap and a deadline hold even
-when the code prints forever or never exits; Docker's log driver is never used (it is unbounded on disk). Runs
-go to each sandbox's resident executor (:mod:`~sandbox_runtime.sandbox.executors`), one long exec with stdin
-attached.
-
-How a command ended is read from the engine, never from what the command printed: when it ends the way the OCI
-runtime ends things (no exit code, or one of 126 and above) the engine is asked whether the sandbox still
-takes commands (gVisor can end its sandbox while Docker still calls it running). An engine that goes away
-while a command runs (a daemon restart) raises :class:`~sandbox_runtime.errors.EngineLost`.
+"""The Docker backend: the only module that imports ``docker``; every docker call is made, and every docker error
+mapped, here. Commands in a sandbox (one exec read to its end, the resident executors' execs, how a command
+ended) are :mod:`~sandbox_runtime.sandbox.docker.execs`, which reaches the engine through this class's
+:class:`~sandbox_runtime.sandbox.docker.execs.ExecCalls`; the engine's JSON becomes our records in
+:mod:`~sandbox_runtime.sandbox.docker.records`.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
-import logging
 import os
-import time
 from collections.abc import Iterator, Mapping
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -44,26 +37,14 @@ from sandbox_runtime.sandbox.backend import (
     SandboxBackend,
     ScriptCalls,
 )
-from sandbox_runtime.sandbox.docker.records import (
-    container_info,
-    engine_info,
-    knock,
-    pid_in_container,
-)
-from sandbox_runtime.sandbox.exec_stream import Caller, Frames, Watch, oom_kills, read_cgroup_file, read_frames
+from sandbox_runtime.sandbox.docker.execs import Execs
+from sandbox_runtime.sandbox.docker.records import container_info, engine_info, knock
+from sandbox_runtime.sandbox.exec_stream import oom_kills, read_cgroup_file
 from sandbox_runtime.sandbox.executors import ResidentExecutors
-from sandbox_runtime.sandbox.profile import end_all_command
 
 __all__ = ["DockerBackend"]
 
-logger = logging.getLogger(__name__)
-
-_STDOUT, _STDERR = 1, 2
-_EXIT_CODE_WAIT_S = 5.0
-_RUNTIME_FAILURE_EXIT = 126  # 126 and above: the OCI runtime may have ended the exec (or the code chose it)
-_PROBE_DEADLINE_S = 10.0  # a command that ended abruptly: how long the sandbox may take to run `true`
 _DEFAULT_SOCKET = "/var/run/docker.sock"
-_END_ALL_DEADLINE_S = 1.5  # the cancel's own exec: its program gives up after 1 s of retries
 
 
 def _missing(exc: docker.errors.APIError) -> bool:
@@ -135,9 +116,8 @@ class DockerBackend(SandboxBackend, ImageBuilder):
             knock(self._base_url, timeout_s)
             self._client = docker.DockerClient(**options, timeout=int(timeout_s))
         self._api = self._client.api
-        self._host_pids_visible = False
-        self._first_pids: dict[str, int] = {}  # container id -> host pid of its first process
-        self._executors = ResidentExecutors(_EngineSide(self))
+        self._execs = Execs(self, self.words.name)
+        self._executors = ResidentExecutors(self._execs)
 
     @classmethod
     def client_options(cls, environment: Mapping[str, str]) -> dict[str, Any]:
@@ -312,194 +292,57 @@ class DockerBackend(SandboxBackend, ImageBuilder):
     def drop_idle_executors(self, idle_s: float) -> int:
         return self._executors.drop_idle(idle_s)
 
-    def _open_exec(self, container_id: str, command: tuple[str, ...], request: RunRequest) -> tuple[object, str]:
-        """Start a long command with stdin attached (the resident executor): its attach socket and exec id."""
-        with self._engine("start the sandbox's executor"):
+    # exec ---------------------------------------------------------------------------------------------
+    def exec(self, container_id: str, request: ExecRequest, control: CallControl | None = None) -> ExecResult:
+        return self._execs.exec(container_id, request, control)
+
+    # the engine's calls for the execs (:class:`~sandbox_runtime.sandbox.docker.execs.ExecCalls`) ------------------
+    def start_exec(
+        self, action: str, container_id: str, command: tuple[str, ...], request: ExecRequest | RunRequest, stdin: bool
+    ) -> tuple[Any, str]:
+        with self._engine(action):
             try:
-                exec_id = self._create_exec(
-                    container_id, command, request.user, request.environment, request.working_dir, stdin=True
+                exec_id = str(
+                    self._api.exec_create(
+                        container_id,
+                        list(command),
+                        stdout=True,
+                        stderr=True,
+                        stdin=stdin,
+                        tty=False,
+                        privileged=False,
+                        user=request.user,
+                        environment=dict(request.environment),
+                        workdir=request.working_dir,
+                    )["Id"]
                 )
                 raw = self._api.exec_start(exec_id, detach=False, tty=False, socket=True)
-            except (docker.errors.NotFound, docker.errors.APIError) as exc:
+            except docker.errors.APIError as exc:
                 if _gone(exc):
                     raise SandboxGone(f"sandbox {container_id[:12]} is gone: {exc.explanation or exc}") from exc
                 raise
         return raw, exec_id
 
-    # exec ---------------------------------------------------------------------------------------------
-    def exec(self, container_id: str, request: ExecRequest, control: CallControl | None = None) -> ExecResult:
-        started = time.monotonic()
-        if control is not None and control.is_cancelled:
-            return ExecResult.cancelled_before_start()  # nothing runs
-        frames, exit_code, watch = self._run(container_id, request, control, started)
-        # the command ended the way the OCI runtime ends things (the container's first process went, no exit code,
-        # or a runtime's code): the engine, not the command's output, says whether the sandbox still works
-        abrupt = frames.stop == "died" or (
-            frames.stop == "eof" and (exit_code is None or exit_code >= _RUNTIME_FAILURE_EXIT)
-        )
-        died = abrupt and not self._still_serves(container_id, request.user, watch)
-        said = bytes(frames.stdout + frames.stderr)
-        if died and exit_code == _RUNTIME_FAILURE_EXIT and said.startswith(b"OCI runtime exec failed"):
-            # the exec never started: the sandbox had ended since its last use (gVisor keeps it "running"); the
-            # words alone prove nothing (a script may print them), the failed probe does
-            raise SandboxGone(f"sandbox {container_id[:12]} has stopped: {said[:300].decode(errors='replace')}")
-        return ExecResult(
-            exit_code=exit_code,
-            stdout=bytes(frames.stdout),
-            stderr=bytes(frames.stderr),
-            stdout_bytes_total=frames.totals[0],
-            stderr_bytes_total=frames.totals[1],
-            over_cap=frames.over_cap,
-            deadline_hit=frames.stop == "deadline",
-            container_died=died,
-            memory_bytes_seen=watch.memory_bytes_seen,
-            pids_seen=watch.pids_seen,
-            cancelled=frames.cancelled,
-            duration_s=time.monotonic() - started,
-        )
-
-    def _run(
-        self, container_id: str, request: ExecRequest, control: CallControl | None, started: float
-    ) -> tuple[Frames, int | None, Watch]:
-        """Run one command: what its stream said, its exit code (None: unknown), and the watch kept meanwhile."""
-        with self._engine("start a command in the sandbox"):
+    def container_state(self, container_id: str, action: str, *, during_command: bool = False) -> Mapping[str, Any]:
+        with self._engine(action, during_command=during_command):
             try:
-                exec_id = self._create_exec(
-                    container_id, request.command, request.user, request.environment, request.working_dir
-                )
-                raw = self._api.exec_start(exec_id, detach=False, tty=False, socket=True)
-            except (docker.errors.NotFound, docker.errors.APIError) as exc:
-                if _gone(exc):
-                    raise SandboxGone(f"sandbox {container_id[:12]} is gone: {exc.explanation or exc}") from exc
-                raise
-        sock = getattr(raw, "_sock", raw)
-        watch = self._watch(container_id)
-        caller = None
-        if control is not None:
-            caller = Caller(control, started, request.deadline_s, lambda: self._end_all(container_id, request.user))
-        caps = (request.stdout_max_bytes, request.stderr_max_bytes)
-        try:
-            with _mapped("read a command's output", during_command=True, words=self.words):
-                frames = read_frames(sock, started + request.deadline_s, caps, watch, caller)
-        finally:
-            for handle in (raw, sock):
-                with contextlib.suppress(OSError):
-                    handle.close()
-        return frames, (self._exit_code(exec_id) if frames.stop == "eof" else None), watch
-
-    def _still_serves(self, container_id: str, user: str, watch: Watch) -> bool:
-        """Whether the sandbox still takes commands after one ended abruptly: the engine calls it running, its
-        first process is the same, and it runs ``true``. An engine that cannot be reached went away under the
-        command: :class:`EngineLost`."""
-        with self._engine("inspect the sandbox after a command ended abruptly", during_command=True):
-            try:
-                state = self._api.inspect_container(container_id).get("State") or {}
+                return dict(self._api.inspect_container(container_id).get("State") or {})
             except docker.errors.APIError as exc:
                 if _missing(exc):
-                    return False
+                    raise SandboxGone(f"sandbox {container_id[:12]} is gone: {exc.explanation or exc}") from exc
                 raise
-        if not state.get("Running") or not watch.alive():
-            return False
-        probe = ExecRequest(
-            command=("true",), user=user, stdout_max_bytes=4096, stderr_max_bytes=4096, deadline_s=_PROBE_DEADLINE_S
-        )
-        try:
-            frames, exit_code, _ = self._run(container_id, probe, None, time.monotonic())
-        except SandboxGone:
-            return False
-        except EngineUnavailable as exc:
-            raise EngineLost(f"{self.words.name} went away while a command ran: {exc}") from exc
-        return frames.stop == "eof" and exit_code == 0
 
-    def _end_all(self, container_id: str, user: str) -> None:
-        """End every process of ``user``'s uid in the container: a second exec, as that uid, sends SIGKILL to
-        all it may signal (``kill(-1)`` spares only the sender; the keeper and init run under other uids) until
-        none is left. Portable across runc and runsc (gVisor), whose processes the host cannot signal. When it
-        cannot run (the sandbox is gone, or its pids are exhausted) the caller's bounded read of the stream
-        ends at its deadline and the sandbox is restarted by its owner."""
-        request = ExecRequest(
-            command=end_all_command(),
-            user=user,
-            stdout_max_bytes=4096,
-            stderr_max_bytes=4096,
-            deadline_s=_END_ALL_DEADLINE_S,
-        )
-        try:
-            done = self.exec(container_id, request)
-        except SandboxError as exc:
-            logger.warning("could not end the processes of a cancelled command in %s: %s", container_id[:12], exc)
-            return
-        if done.exit_code != 0:
-            logger.warning(
-                "ending the processes of a cancelled command in %s: exit code %s, %s",
-                container_id[:12],
-                done.exit_code,
-                (done.stdout + done.stderr)[-300:].decode(errors="replace").strip(),
-            )
+    def exec_state(self, exec_id: str) -> Mapping[str, Any] | None:
+        with self._engine("read a command's exit code", during_command=True):
+            try:
+                return dict(self._api.exec_inspect(exec_id))
+            except docker.errors.APIError as exc:
+                if _missing(exc):
+                    return None  # the container was removed meanwhile, and its commands with it
+                raise
 
-    def _watch(self, container_id: str) -> Watch:
-        pid = self._first_pids.get(container_id, 0)
-        if not pid_in_container(pid, container_id):  # unknown, or the container was restarted since
-            with self._engine("inspect container"):
-                try:
-                    state = self._api.inspect_container(container_id).get("State") or {}
-                except docker.errors.APIError as exc:
-                    if _missing(exc):
-                        raise SandboxGone(f"sandbox {container_id[:12]} is gone: {exc.explanation or exc}") from exc
-                    raise
-                pid = int(state.get("Pid") or 0)
-            self._first_pids[container_id] = pid
-            self._host_pids_visible = self._host_pids_visible or pid_in_container(pid, container_id)
-        return Watch(
-            pid,
-            self._host_pids_visible,
-            lambda: read_cgroup_file(container_id, "memory", "memory.usage_in_bytes", "memory.current"),
-            lambda: read_cgroup_file(container_id, "pids", "pids.current", "pids.current"),
-        )
-
-    def _create_exec(
-        self,
-        container_id: str,
-        command: tuple[str, ...],
-        user: str,
-        environment: dict[str, str],
-        working_dir: str,
-        *,
-        stdin: bool = False,
-    ) -> str:
-        return str(
-            self._api.exec_create(
-                container_id,
-                list(command),
-                stdout=True,
-                stderr=True,
-                stdin=stdin,
-                tty=False,
-                privileged=False,
-                user=user,
-                environment=dict(environment),
-                workdir=working_dir,
-            )["Id"]
-        )
-
-    def _exit_code(self, exec_id: str) -> int | None:
-        deadline = time.monotonic() + _EXIT_CODE_WAIT_S
-        pause = 0.001
-        while True:
-            with self._engine("read a command's exit code", during_command=True):
-                try:
-                    state = self._api.exec_inspect(exec_id)
-                except docker.errors.APIError as exc:
-                    if _missing(exc):
-                        return None  # the container was removed meanwhile, and its commands with it
-                    raise
-            if not state.get("Running"):
-                code = state.get("ExitCode")
-                return None if code is None else int(code)
-            if time.monotonic() >= deadline:
-                return None
-            time.sleep(pause)  # the stream ended; the engine records the exit a moment later
-            pause = min(pause * 2, 0.05)
+    def reading(self, action: str) -> AbstractContextManager[None]:
+        return _mapped(action, during_command=True, words=self.words)
 
     # cgroup counters ---------------------------------------------------------------------------------------
     def oom_kill_count(self, container_id: str) -> int | None:
@@ -521,27 +364,3 @@ class DockerBackend(SandboxBackend, ImageBuilder):
     def close(self) -> None:
         self._executors.close()
         self._client.close()
-
-
-class _EngineSide:
-    """The engine's side of the resident executors (:class:`~sandbox_runtime.sandbox.executors.Engine`)."""
-
-    muxed = True
-
-    def __init__(self, backend: DockerBackend) -> None:
-        self._backend = backend
-
-    def open_exec(self, container_id: str, command: tuple[str, ...], request: RunRequest) -> tuple[object, str]:
-        return self._backend._open_exec(container_id, command, request)
-
-    def watch(self, container_id: str) -> Watch:
-        return self._backend._watch(container_id)
-
-    def end_all(self, container_id: str, user: str) -> None:
-        self._backend._end_all(container_id, user)
-
-    def exec_exit_code(self, exec_id: str) -> int | None:
-        return self._backend._exit_code(exec_id)
-
-    def still_serves(self, container_id: str, user: str, watch: Watch) -> bool:
-        return self._backend._still_serves(container_id, user, watch)
