@@ -36,7 +36,7 @@ from tests.clients.walk import (
     STDOUT_LINE,
 )
 from tests.conftest import SESSION, TEST_LABEL, RuntimeFactory
-from tests.mcp_helpers import run_bounded
+from tests.mcp_helpers import run_bounded, server_environment
 
 REPO = Path(__file__).resolve().parents[1]
 LANGCHAIN_PYTHON = REPO / ".venv-langchain" / "bin" / "python"
@@ -64,7 +64,7 @@ def require(path: Path, what: str) -> Path:
 
 def server_env() -> dict[str, str]:
     """The environment a client gives the stdio server it starts (as ``mcp_helpers.stdio_params`` does)."""
-    return {"PATH": os.environ.get("PATH", "")}
+    return server_environment()
 
 
 def run_driver(python: Path, module: str, request: dict[str, Any], timeout_s: float = DRIVER_TIMEOUT_S) -> Any:

@@ -313,3 +313,57 @@ def served_state(runtime_factory: RuntimeFactory, tmp_path: Path) -> Iterator[Pa
 def mounts_under(path: Path) -> list[str]:
     """What is mounted at or below ``path`` on this host (from /proc/self/mounts)."""
     return [line.split()[1] for line in Path("/proc/self/mounts").read_text().splitlines() if str(path) in line]
+
+
+# --------------------------------------------------------------------- serve with no engine: the fake backend
+FAKE_POLICY = '[sandbox]\nbackend = "fake"\n'
+
+# ``engine_policy`` parameters that hold one test to the fake backend (no engine: the test is not marked and runs
+# anywhere) and to each real engine; such a test serves through :func:`served`
+EVERY_BACKEND_POLICIES = [
+    pytest.param("fake", id="fake"),
+    pytest.param("default", id="docker", marks=pytest.mark.docker),
+    pytest.param("podman", id="podman", marks=[pytest.mark.docker, pytest.mark.podman]),
+]
+
+
+@pytest.fixture
+def fake_policy_file(tmp_path: Path) -> Path:
+    """A policy file that names the fake backend: a ``serve`` (or runtime) given it needs no engine."""
+    policy = tmp_path / "fake.toml"
+    policy.write_text(FAKE_POLICY)
+    return policy
+
+
+@pytest.fixture
+def fake_served_state(fake_runtime_factory: RuntimeFactory, tmp_path: Path) -> Iterator[Path]:
+    """:func:`served_state` for a ``serve`` on the fake backend: afterwards a runtime on the fake deletes every
+    conversation the server made (its folders and mounts)."""
+    state = tmp_path / "state"
+    yield state
+    fake_runtime_factory(state_dir=state)
+
+
+class Served(NamedTuple):
+    """A ``serve`` on the backend a test's ``engine_policy`` names: its state directory (every conversation in it is
+    deleted afterwards), the policy to give ``serve --policy``, and runtimes on that backend to look at its work."""
+
+    state: Path
+    policy: str
+    runtimes: RuntimeFactory
+
+
+@pytest.fixture
+def served(request: pytest.FixtureRequest, engine_policy: str, tmp_path: Path) -> Iterator[Served]:
+    """Serve on the fake (``engine_policy`` ``"fake"``: no engine fixture is asked for) or on the real engine the
+    built-in policy names; parametrise ``engine_policy`` with :data:`EVERY_BACKEND_POLICIES`."""
+    if engine_policy == "fake":
+        runtimes: RuntimeFactory = request.getfixturevalue("fake_runtime_factory")
+        policy = str(request.getfixturevalue("fake_policy_file"))
+    elif request.node.get_closest_marker("docker") is None:  # its engine fixtures are asked for here: not seen
+        pytest.fail(f"serving on {engine_policy!r} needs the test parametrised with EVERY_BACKEND_POLICIES")
+    else:
+        runtimes, policy = request.getfixturevalue("docker_runtime_factory"), engine_policy
+    state = tmp_path / "state"
+    yield Served(state, policy, runtimes)
+    runtimes(state_dir=state)

@@ -22,7 +22,7 @@ from mcp import Client, StdioServerParameters
 from mcp.client.session import ClientRequestContext
 
 from sandbox_runtime.cli.sample_data import SAMPLE_ORDER_COLUMNS
-from tests.conftest import SESSION, TEST_LABEL
+from tests.conftest import ENGINE_VARIABLES, SESSION, TEST_LABEL
 
 T = TypeVar("T")
 BUILTIN_TOOLS = [
@@ -58,9 +58,16 @@ def serve_command(state_dir: Path, *serve_args: str, policy: Path | str | None =
     return [*command, "serve", *serve_args]
 
 
+def server_environment() -> dict[str, str]:
+    """The environment a client gives the stdio server it starts: ``PATH``, and each engine's address when it is
+    set (a test with no engine has it name nothing, and so does the server it starts)."""
+    engines = {variable: os.environ[variable] for variable in ENGINE_VARIABLES.values() if variable in os.environ}
+    return {"PATH": os.environ.get("PATH", ""), **engines}
+
+
 def stdio_params(state_dir: Path, *serve_args: str, policy: Path | str | None = None) -> StdioServerParameters:
     command = serve_command(state_dir, *serve_args, policy=policy)
-    return StdioServerParameters(command=command[0], args=command[1:], env={"PATH": os.environ.get("PATH", "")})
+    return StdioServerParameters(command=command[0], args=command[1:], env=server_environment())
 
 
 @contextmanager

@@ -19,7 +19,7 @@ from sandbox_runtime.api.runtime import Runtime
 from sandbox_runtime.errors import EngineUnavailable
 from sandbox_runtime.sandbox.docker.backend import DockerBackend
 from sandbox_runtime.sandbox.profile import LABEL_CONVERSATION
-from tests.conftest import SESSION, TEST_LABEL
+from tests.conftest import FAKE_POLICY, SESSION, TEST_LABEL
 from tests.mcp_helpers import serve_command
 
 
@@ -87,38 +87,41 @@ def test_a_bad_policy_file_exits_2_naming_the_field(tmp_path: Path) -> None:
     assert "sandbox.limits.memory" in done.stderr
 
 
-def test_ls_lists_conversations_with_their_disk_use(tmp_path: Path, docker_backend: DockerBackend) -> None:
-    with Runtime(tmp_path, reap_interval_s=None, extra_labels={TEST_LABEL: SESSION}) as runtime:
+# ls and gc read the state directory: these run on the fake backend (a policy file naming it), with no engine
+def test_ls_lists_conversations_with_their_disk_use(tmp_path: Path, fake_policy_file: Path) -> None:
+    state = tmp_path / "state"
+    common = ("--state-dir", str(state), "--policy", str(fake_policy_file))
+    with Runtime(state, fake_policy_file, reap_interval_s=None) as runtime:
         runtime.conversation("listed").run_python("print(1)")
         try:
-            listing = json.loads(cli("--state-dir", str(tmp_path), "ls", "--json").stdout)
+            listing = json.loads(cli(*common, "ls", "--json").stdout)
             assert [row["conversation"] for row in listing] == ["listed"]
             assert listing[0]["used_bytes"] > 0
             assert listing[0]["runs"] == 1
-            assert cli("--state-dir", str(tmp_path), "gc").returncode == 0
+            assert cli(*common, "gc").returncode == 0
         finally:
             runtime.conversation("listed").delete()
 
 
-def test_ls_shows_a_conversations_execution_record_and_attachments(
-    tmp_path: Path, docker_backend: DockerBackend
-) -> None:
-    with Runtime(tmp_path, reap_interval_s=None, retention_interval_s=None, extra_labels={TEST_LABEL: SESSION}) as rt:
+def test_ls_shows_a_conversations_execution_record_and_attachments(tmp_path: Path, fake_policy_file: Path) -> None:
+    state = tmp_path / "state"
+    common = ("--state-dir", str(state), "--policy", str(fake_policy_file))
+    with Runtime(state, fake_policy_file, reap_interval_s=None, retention_interval_s=None) as rt:
         conversation = rt.conversation("recorded")
         try:
             conversation.call("write_file", {"path": "exports/a.txt", "content": "x"}, call_id="w1")
             conversation.call("attach_file", {"path": "exports/a.txt"}, call_id="a1")
-            calls = json.loads(cli("--state-dir", str(tmp_path), "ls", "recorded", "--json").stdout)
+            calls = json.loads(cli(*common, "ls", "recorded", "--json").stdout)
             assert [(c["call_id"], c["tool"], c["status"]) for c in calls] == [
                 ("w1", "write_file", "ok"),
                 ("a1", "attach_file", "ok"),
             ]
-            table = cli("--state-dir", str(tmp_path), "ls", "recorded").stdout
+            table = cli(*common, "ls", "recorded").stdout
             assert "write_file" in table
             assert "attach_file" in table
-            cards = json.loads(cli("--state-dir", str(tmp_path), "ls", "recorded", "--attachments", "--json").stdout)
+            cards = json.loads(cli(*common, "ls", "recorded", "--attachments", "--json").stdout)
             assert [c["filename"] for c in cards] == ["a.txt"]
-            assert cli("--state-dir", str(tmp_path), "ls", "nobody").returncode == 2
+            assert cli(*common, "ls", "nobody").returncode == 2
         finally:
             conversation.delete()
 
@@ -126,13 +129,11 @@ def test_ls_shows_a_conversations_execution_record_and_attachments(
 SMALL_OUTPUTS_POLICY = "[tools]\noutputs_max_bytes = 3145728\noutputs_files_max = 5\n"
 
 
-def test_ls_shows_each_conversations_attachments_against_the_policys_limits(
-    tmp_path: Path, docker_backend: DockerBackend
-) -> None:
+def test_ls_shows_each_conversations_attachments_against_the_policys_limits(tmp_path: Path) -> None:
     policy = tmp_path / "small.toml"
-    policy.write_text(SMALL_OUTPUTS_POLICY)
+    policy.write_text(FAKE_POLICY + SMALL_OUTPUTS_POLICY)
     state = tmp_path / "state"
-    with Runtime(state, policy, reap_interval_s=None, extra_labels={TEST_LABEL: SESSION}) as runtime:
+    with Runtime(state, policy, reap_interval_s=None) as runtime:
         conversation = runtime.conversation("attaching")
         try:
             conversation.call("write_file", {"path": "exports/a.txt", "content": "a" * 1000})
@@ -181,9 +182,10 @@ def test_version_is_the_installed_one_from_the_script_and_from_python_m() -> Non
         assert (done.returncode, done.stdout.strip(), done.stderr) == (0, expected, "")
 
 
-def test_python_m_sandbox_runtime_is_the_same_command(tmp_path: Path, docker_backend: DockerBackend) -> None:
+def test_python_m_sandbox_runtime_is_the_same_command(tmp_path: Path, fake_policy_file: Path) -> None:
+    options = ("--state-dir", str(tmp_path / "state"), "--policy", str(fake_policy_file))
     done = subprocess.run(
-        [sys.executable, "-m", "sandbox_runtime", "--state-dir", str(tmp_path), "ls", "--json"],
+        [sys.executable, "-m", "sandbox_runtime", *options, "ls", "--json"],
         capture_output=True,
         text=True,
         timeout=120,

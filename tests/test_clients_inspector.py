@@ -12,9 +12,9 @@ from typing import Any
 import pytest
 
 from sandbox_runtime.cli.sample_data import make_sample_database
-from tests.client_helpers import INSPECTOR, REPO, require
+from tests.client_helpers import INSPECTOR, REPO, require, server_env
 from tests.clients.walk import STDOUT_CODE, STDOUT_LINE
-from tests.conftest import ENGINE_POLICIES
+from tests.conftest import EVERY_BACKEND_POLICIES, Served
 from tests.mcp_helpers import BUILTIN_TOOLS, serve_command
 
 INSPECTOR_TIMEOUT_S = 120.0
@@ -27,9 +27,11 @@ def inspector() -> Path:
 
 
 def inspect(inspector: Path, server: list[str], *method: str) -> Any:
-    """``mcp-inspector --cli --method ... -- <server command>``; the JSON it prints."""
+    """``mcp-inspector --cli --method ... -- <server command>``; the JSON it prints. The server gets the environment
+    every client here gives it."""
+    environment = [option for item in server_env().items() for option in ("-e", "=".join(item))]
     done = subprocess.run(
-        [str(inspector), "--cli", "--method", *method, "--", *server],
+        [str(inspector), "--cli", *environment, "--method", *method, "--", *server],
         capture_output=True,
         text=True,
         cwd=REPO,
@@ -42,11 +44,12 @@ def inspect(inspector: Path, server: list[str], *method: str) -> Any:
 
 
 def test_the_inspector_lists_every_tool_with_a_title_and_annotations(
-    inspector: Path, served_state: Path, tmp_path: Path
+    inspector: Path, fake_served_state: Path, fake_policy_file: Path, tmp_path: Path
 ) -> None:
     database = make_sample_database(tmp_path / "shop.sqlite3", rows=10)
+    server = serve_command(fake_served_state, "--database", str(database), policy=fake_policy_file)
 
-    listed = inspect(inspector, serve_command(served_state, "--database", str(database)), "tools/list")
+    listed = inspect(inspector, server, "tools/list")
 
     tools = {tool["name"]: tool for tool in listed["tools"]}
     assert list(tools) == [*BUILTIN_TOOLS, "sql_query"]
@@ -62,13 +65,11 @@ def test_the_inspector_lists_every_tool_with_a_title_and_annotations(
     assert tools["run_python"]["annotations"]["readOnlyHint"] is False
 
 
-@pytest.mark.parametrize("engine_policy", ENGINE_POLICIES)
-def test_the_inspector_calls_run_python_and_shows_its_stdout_first(
-    inspector: Path, served_state: Path, engine_policy: str
-) -> None:
+@pytest.mark.parametrize("engine_policy", EVERY_BACKEND_POLICIES)
+def test_the_inspector_calls_run_python_and_shows_its_stdout_first(inspector: Path, served: Served) -> None:
     called = inspect(
         inspector,
-        serve_command(served_state, policy=engine_policy),
+        serve_command(served.state, policy=served.policy),
         "tools/call",
         "--tool-name",
         "run_python",

@@ -24,7 +24,7 @@ from tests.client_helpers import (
     server_env,
     watching_sandboxes,
 )
-from tests.conftest import ENGINE_POLICIES, RuntimeFactory
+from tests.conftest import EVERY_BACKEND_POLICIES, RuntimeFactory, Served
 from tests.mcp_helpers import BUILTIN_TOOLS, http_server, serve_command
 
 DRIVER = "tests.clients.langchain_driver"
@@ -63,13 +63,13 @@ def test_langchain_starting_a_server_process_per_call_keeps_one_conversation_and
     assert most_alive_at_once(sandbox_events) == 1, sandbox_events
 
 
-@pytest.mark.parametrize("engine_policy", ENGINE_POLICIES)
+@pytest.mark.parametrize("engine_policy", EVERY_BACKEND_POLICIES)
 def test_langchain_over_http_with_a_session_per_call_keeps_the_paths_it_was_given(
-    runtime_factory: RuntimeFactory, served_state: Path, database: Path, langchain_python: Path, engine_policy: str
+    served: Served, database: Path, langchain_python: Path
 ) -> None:
-    with http_server(served_state, "--database", str(database), policy=engine_policy) as url:
+    with http_server(served.state, "--database", str(database), policy=served.policy) as url:
         connection = {"transport": "streamable_http", "url": url, "timeout": CALL_TIMEOUT_S}
         report = run_driver(langchain_python, DRIVER, {"connection": connection, "timeout_s": CALL_TIMEOUT_S})
 
     check_what_the_model_received(report)
-    check_one_conversation_did_the_work(runtime_factory, served_state)
+    check_one_conversation_did_the_work(served.runtimes, served.state)

@@ -22,7 +22,7 @@ from tests.client_helpers import (
     check_what_the_model_received,
 )
 from tests.clients.walk import ScriptedModel
-from tests.conftest import ENGINE_POLICIES, RuntimeFactory
+from tests.conftest import EVERY_BACKEND_POLICIES, Served
 from tests.mcp_helpers import BUILTIN_TOOLS, http_server, run_bounded
 
 STATELESS = "2026-07-28"
@@ -60,11 +60,9 @@ async def _stateless_walk(url: str) -> dict[str, Any]:
     return {**model.report(), "offered": offered, "sent": sent}
 
 
-@pytest.mark.parametrize("engine_policy", ENGINE_POLICIES)
-def test_a_stateless_client_keeps_its_paths_valid_from_one_request_to_the_next(
-    runtime_factory: RuntimeFactory, served_state: Path, database: Path, engine_policy: str
-) -> None:
-    with http_server(served_state, "--database", str(database), policy=engine_policy) as url:
+@pytest.mark.parametrize("engine_policy", EVERY_BACKEND_POLICIES)
+def test_a_stateless_client_keeps_its_paths_valid_from_one_request_to_the_next(served: Served, database: Path) -> None:
+    with http_server(served.state, "--database", str(database), policy=served.policy) as url:
         report = run_bounded(_stateless_walk, url)
 
     # what the stateless era sent: no handshake, no session, the version on every request
@@ -77,5 +75,5 @@ def test_a_stateless_client_keeps_its_paths_valid_from_one_request_to_the_next(
 
     assert sorted(report["offered"]) == sorted([*BUILTIN_TOOLS, "sql_query"])
     check_what_the_model_received(report)
-    conversation = check_one_conversation_did_the_work(runtime_factory, served_state)
+    conversation = check_one_conversation_did_the_work(served.runtimes, served.state)
     assert {r["raw"]["meta"][CONVERSATION_META] for r in report["received"]} == {conversation}

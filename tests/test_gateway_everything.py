@@ -4,6 +4,7 @@ scripts/setup.sh installs it into .npm-tools. An MCP client (the SDK's own) driv
 --upstream everything=...`` and sees what the upstream sent, in the form this server gives it: images and
 embedded resources saved as files of the conversation's results folder (same bytes) and linked, annotations
 kept, the upstream's own resource links and structured results passed on, its progress heard during a call.
+None of it starts a sandbox: ``serve`` runs on the fake backend, with no engine.
 Without the server the test skips on a developer's machine and fails in CI.
 """
 
@@ -19,7 +20,7 @@ import mcp_types as types
 import pytest
 from mcp import Client, StdioServerParameters
 
-from tests.conftest import ENGINE_POLICIES, RuntimeFactory
+from tests.conftest import RuntimeFactory
 from tests.mcp_helpers import links_of, run_bounded, stdio_params, text_of
 
 EVERYTHING = Path(__file__).resolve().parent.parent / ".npm-tools" / "node_modules" / ".bin" / "mcp-server-everything"
@@ -56,11 +57,11 @@ async def read_blob(client: Client, uri: str) -> bytes:
     return contents.text.encode()
 
 
-@pytest.mark.parametrize("engine_policy", ENGINE_POLICIES)
 def test_an_mcp_client_gets_server_everythings_images_resources_annotations_and_progress_through_the_gateway(
-    runtime_factory: RuntimeFactory, served_state: Path, engine_policy: str
+    fake_runtime_factory: RuntimeFactory, fake_served_state: Path, fake_policy_file: Path
 ) -> None:
-    params = stdio_params(served_state, "--upstream", f"everything={EVERYTHING} stdio", policy=engine_policy)
+    # the gateway starts no sandbox: it is served on the fake backend, with no engine
+    params = stdio_params(fake_served_state, "--upstream", f"everything={EVERYTHING} stdio", policy=fake_policy_file)
 
     async def scenario() -> dict[str, Any]:
         seen: dict[str, Any] = {"sent_image": await upstream_tiny_image()}
@@ -120,7 +121,7 @@ def test_an_mcp_client_gets_server_everythings_images_resources_annotations_and_
     assert link.uri.startswith("sandbox-runtime://conversations/")
     assert link.uri.endswith(saved["path"].removeprefix("/mnt/results/"))
     conversation_id = link.uri.split("/")[3]
-    runtime = runtime_factory(state_dir=served_state)
+    runtime = fake_runtime_factory(state_dir=fake_served_state)
     root = runtime.store.results_root(runtime.conversation(conversation_id).folders)
     assert root.read_bytes(saved["path"], max_bytes=1 << 20) == seen["sent_image"]  # on disk, where the text says
 

@@ -22,7 +22,7 @@ from mcp.client.streamable_http import streamable_http_client
 
 from sandbox_runtime.sandbox.docker.backend import DockerBackend
 from sandbox_runtime.sandbox.profile import LABEL_CONVERSATION, LABEL_POOL_SLOT, LABEL_STATE_DIR
-from tests.conftest import SESSION, TEST_LABEL, RuntimeFactory, mounts_under
+from tests.conftest import FAKE_POLICY, SESSION, TEST_LABEL, RuntimeFactory, mounts_under
 from tests.mcp_helpers import line_starting, request_meta, run_bounded, serve_command, serve_process, text_of
 
 GRACE_S = 6.0
@@ -31,12 +31,8 @@ POOL_READY_S = 120.0
 
 
 def _script(marker: str, sleep_s: float) -> str:
-    return (
-        "import time\n"
-        f"open('/mnt/results/{marker}', 'w').write('under way')\n"
-        f"time.sleep({sleep_s})\n"
-        "print('finished')\n"
-    )
+    """A run that marks the results folder (where it starts, on every backend), then sleeps and prints."""
+    return f"import time\nopen({marker!r}, 'w').write('under way')\ntime.sleep({sleep_s})\nprint('finished')\n"
 
 
 def _containers(backend: DockerBackend, state: Path) -> list[Any]:
@@ -136,11 +132,11 @@ def _said(lines: queue.Queue[str | None], text: str) -> bool:
 
 
 def test_a_second_signal_cancels_at_once_instead_of_waiting_out_the_grace(
-    runtime_factory: RuntimeFactory, docker_backend: DockerBackend, served_state: Path, tmp_path: Path
+    fake_runtime_factory: RuntimeFactory, fake_served_state: Path, tmp_path: Path
 ) -> None:
-    state = served_state
+    state = fake_served_state  # what is checked is the server's own: it runs on the fake backend, with no engine
     policy = tmp_path / "patient.toml"
-    policy.write_text("[mcp]\nshutdown_grace_s = 600.0\n")  # the first signal alone would wait 10 minutes
+    policy.write_text(FAKE_POLICY + "[mcp]\nshutdown_grace_s = 600.0\n")  # the first signal alone would wait 10 min
     command = serve_command(state, "--http", "127.0.0.1:0", policy=policy)
     with serve_process(command) as (process, lines):
         url = line_starting(lines, "serving MCP at ")
@@ -178,7 +174,7 @@ def test_a_second_signal_cancels_at_once_instead_of_waiting_out_the_grace(
     assert "cancel" in text_of(long).lower()
     assert mounts_under(state) == []
     assert _leases(state) == 0
-    runtime = runtime_factory(state_dir=state)
+    runtime = fake_runtime_factory(state_dir=state)
     assert [c.status for c in runtime.conversation("impatient").calls()] == ["cancelled"]
 
 

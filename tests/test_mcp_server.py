@@ -18,7 +18,7 @@ from mcp.shared.exceptions import MCPError
 
 from sandbox_runtime.cli.sample_data import make_sample_database
 from sandbox_runtime.policy import load_policy
-from tests.conftest import ENGINE_POLICIES, RuntimeFactory
+from tests.conftest import EVERY_BACKEND_POLICIES, RuntimeFactory, Served
 from tests.mcp_helpers import (
     BUILTIN_TOOLS,
     Elicitations,
@@ -42,22 +42,21 @@ def database(tmp_path: Path) -> Path:
     return make_sample_database(tmp_path / "shop.sqlite3", rows=360)
 
 
-@pytest.fixture
-def ask_before_attaching(tmp_path: Path, engine_policy: str) -> Path:
-    """A policy file that asks before every attachment, on the test's engine."""
-    policy = tmp_path / "ask.toml"
-    backend = load_policy(engine_policy).sandbox.backend
-    policy.write_text(f'name = "ask"\n[sandbox]\nbackend = "{backend}"\n[approval.tool_rules]\nattach_file = "ask"\n')
-    return policy
+def asking_before_attaching(tmp_path: Path, policy: Path | str) -> Path:
+    """A policy file that asks before every attachment, on the backend ``policy`` names."""
+    asking = tmp_path / "ask.toml"
+    backend = load_policy(policy).sandbox.backend
+    asking.write_text(f'name = "ask"\n[sandbox]\nbackend = "{backend}"\n[approval.tool_rules]\nattach_file = "ask"\n')
+    return asking
 
 
-@pytest.mark.parametrize("engine_policy", ENGINE_POLICIES)
+@pytest.mark.parametrize("engine_policy", EVERY_BACKEND_POLICIES)
 def test_a_client_over_stdio_walks_query_export_attach_with_an_approval(
-    served_state: Path, database: Path, ask_before_attaching: Path
+    served: Served, database: Path, tmp_path: Path
 ) -> None:
-    state = served_state
+    state = served.state
     user = Elicitations(approve=True)
-    params = stdio_params(state, "--database", str(database), policy=ask_before_attaching)
+    params = stdio_params(state, "--database", str(database), policy=asking_before_attaching(tmp_path, served.policy))
 
     async def scenario() -> None:  # the SDK's default mode: it probes for 2026-07-28 and falls back
         async with Client(params, elicitation_callback=user, read_timeout_seconds=120) as client:
@@ -95,11 +94,17 @@ def test_a_client_over_stdio_walks_query_export_attach_with_an_approval(
 
 
 def test_a_declined_approval_is_a_tool_error_and_nothing_is_attached(
-    runtime_factory: RuntimeFactory, served_state: Path, database: Path, ask_before_attaching: Path
+    fake_runtime_factory: RuntimeFactory,
+    fake_served_state: Path,
+    database: Path,
+    fake_policy_file: Path,
+    tmp_path: Path,
 ) -> None:
-    state = served_state
+    state = fake_served_state
     user = Elicitations(approve=False)
-    params = stdio_params(state, "--database", str(database), policy=ask_before_attaching)
+    params = stdio_params(
+        state, "--database", str(database), policy=asking_before_attaching(tmp_path, fake_policy_file)
+    )
 
     async def scenario() -> None:
         async with Client(params, mode="legacy", elicitation_callback=user, read_timeout_seconds=120) as client:
@@ -109,16 +114,18 @@ def test_a_declined_approval_is_a_tool_error_and_nothing_is_attached(
             assert ["errors" in link.uri for link in links_of(walked["attached"])] == [True]  # no download
 
     run_bounded(scenario)
-    runtime = runtime_factory(state_dir=state)
+    runtime = fake_runtime_factory(state_dir=state)
     (record,) = runtime.state.conversations()
     assert runtime.conversation(record.id).attachments() == []
 
 
-def test_a_client_without_elicitation_gets_the_policys_fallback(served_state: Path, ask_before_attaching: Path) -> None:
-    state = served_state
+def test_a_client_without_elicitation_gets_the_policys_fallback(
+    fake_served_state: Path, fake_policy_file: Path, tmp_path: Path
+) -> None:
+    params = stdio_params(fake_served_state, policy=asking_before_attaching(tmp_path, fake_policy_file))
 
     async def scenario() -> None:
-        async with Client(stdio_params(state, policy=ask_before_attaching), mode="legacy") as client:
+        async with Client(params, mode="legacy") as client:
             await client.call_tool("write_file", {"path": "/mnt/results/note.txt", "content": "hello"})
             refused = await client.call_tool("attach_file", {"path": "/mnt/results/note.txt"})
             assert refused.is_error
@@ -161,13 +168,11 @@ async def _http_client_calls(url: str, token: str) -> dict[str, Any]:
         return seen
 
 
-@pytest.mark.parametrize("engine_policy", ENGINE_POLICIES)
-def test_http_needs_the_token_and_keeps_one_conversation_per_token_across_sessions(
-    runtime_factory: RuntimeFactory, served_state: Path, engine_policy: str
-) -> None:
-    state = served_state
+@pytest.mark.parametrize("engine_policy", EVERY_BACKEND_POLICIES)
+def test_http_needs_the_token_and_keeps_one_conversation_per_token_across_sessions(served: Served) -> None:
+    state = served.state
     token = "t0ken-" + "x" * 26
-    with http_server(state, env={"SANDBOX_RUNTIME_MCP_TOKEN": token}, policy=engine_policy) as url:
+    with http_server(state, env={"SANDBOX_RUNTIME_MCP_TOKEN": token}, policy=served.policy) as url:
         assert url.startswith("http://127.0.0.1:")
         assert url.endswith("/mcp")
         initialize = {
@@ -201,7 +206,7 @@ def test_http_needs_the_token_and_keeps_one_conversation_per_token_across_sessio
     assert call_meta(seen["named"])["conversation"] == "named-one"
     assert seen["big"]["file"]["chars"] >= 8000
     assert seen["big_text"].startswith("row,row,")
-    runtime = runtime_factory(state_dir=state)
+    runtime = served.runtimes(state_dir=state)
     decided = {d.call_id: d for d in runtime.conversation("named-one").decisions()}
     assert decided["host-call-7"].text == text_of(seen["named"])  # history can replay it byte for byte
 

@@ -24,10 +24,10 @@ STDOUT_LINE = "stdout reaches the model: 42"
 FAILING_CODE = "rows = [{'total': 12.5}]\nprint(sum(row['amount'] for row in rows))\n"
 EXCEPTION_LINE = "KeyError: 'amount'"
 NOTE_PATH = "/mnt/results/notes/squares.txt"
-NOTE_CODE = (
+NOTE_CODE = (  # relative paths: a run starts in the results folder, on every backend (the fake's is on the host)
     "import os\n"
-    "os.makedirs('/mnt/results/notes', exist_ok=True)\n"
-    f"open({NOTE_PATH!r}, 'w').write('\\n'.join(f'square {{i * i}}' for i in range(4)) + '\\n')\n"
+    "os.makedirs('notes', exist_ok=True)\n"
+    "open('notes/squares.txt', 'w').write('\\n'.join(f'square {i * i}' for i in range(4)) + '\\n')\n"
 )
 NOTE_TEXT = "square 0\nsquare 1\nsquare 4\nsquare 9"  # computed in the sandbox: not in any argument the model sent
 
