@@ -47,8 +47,8 @@ from benchkit import Met, bench_run, interleaved, line, pair, print_targets
 from sandbox_runtime.policy import SpillPolicy
 from sandbox_runtime.spill.spiller import spill_result
 from sandbox_runtime.spill.streamed import TableStream
-from sandbox_runtime.spill.tables import iter_table_file
 from sandbox_runtime.store.safe_paths import ResultsRoot
+from sandbox_runtime.tables.table import iter_table_file
 from sandbox_runtime.tools.export_table import ExportFormat, ExportSort, ExportTableArgs, export_table
 
 MiB = 2**20

@@ -46,13 +46,13 @@ from benchkit import Met, bench_run, line, print_targets
 
 from sandbox_runtime.errors import ToolFailure
 from sandbox_runtime.policy import Policy
-from sandbox_runtime.spill.cells import ColumnType
-from sandbox_runtime.spill.jsonio import dumps_lines
-from sandbox_runtime.spill.tables import header_line
 from sandbox_runtime.store.safe_paths import ResultsRoot
+from sandbox_runtime.tables.cells import ColumnType
+from sandbox_runtime.tables.jsonio import dumps_lines
+from sandbox_runtime.tables.source import TableLimits
+from sandbox_runtime.tables.table import header_line
 from sandbox_runtime.tools.export_table import ExportSort, ExportTableArgs, export_table
 from sandbox_runtime.tools.render_table import RenderTableArgs, render_table
-from sandbox_runtime.tools.table_source import TableLimits
 
 MiB = 2**20
 MB = 10**6

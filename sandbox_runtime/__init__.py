@@ -49,6 +49,7 @@ from sandbox_runtime.sandbox.fake.backend import FakeBackend
 from sandbox_runtime.spill.streamed import TableStream
 from sandbox_runtime.tools.host import HostCall
 from sandbox_runtime.tools.run_python import RunPythonResult
+from sandbox_runtime.tools.run_result import ScriptError
 
 __all__ = [
     "ApprovalRequest",
@@ -85,6 +86,7 @@ __all__ = [
     "SandboxGone",
     "SandboxRuntimeError",
     "SavedResult",
+    "ScriptError",
     "SelfCheckFailed",
     "StateUnavailable",
     "StateVersionUnknown",

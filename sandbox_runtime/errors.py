@@ -163,7 +163,12 @@ class PathExists(PathRejected, FileExistsError):
 
 
 class PathNotFound(ToolFailure, FileNotFoundError):
-    """A well-formed path under the results folder names no file (or a parent folder is missing)."""
+    """A well-formed path under the results folder names no file (or a parent folder is missing). ``path``: the
+    file asked for, as the sandbox names it (the pipeline says :class:`PathExpired` when retention removed it)."""
+
+    def __init__(self, message: str, *, path: str | None = None) -> None:
+        super().__init__(message)
+        self.path = path
 
 
 class PathExpired(PathNotFound):

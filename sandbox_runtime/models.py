@@ -15,10 +15,14 @@ from pydantic import BaseModel, ConfigDict, Field
 __all__ = [
     "Attachment",
     "AttachmentCard",
+    "CallFailure",
     "CallRecord",
+    "CallStatus",
     "DescribedFormat",
     "HostResult",
+    "QuotaMode",
     "ResultDescriptor",
+    "RunStatus",
     "SavedResult",
     "SpillMode",
     "StoredResult",
@@ -29,10 +33,17 @@ __all__ = [
 
 DescribedFormat = Literal["json", "table", "text", "csv", "xlsx"]  # spills, and the files tools build
 SpillMode = Literal["normal", "self_bounded"]  # self_bounded: the tool bounds its own output (never spilled)
+CallStatus = Literal["ok", "error", "denied", "cancelled"]  # how a call ended, as its execution record says
+CallFailure = Literal["denied", "invalid_arguments", "tool_error", "internal", "cancelled"]
+"""Why a call failed, set where the failure was caught: refused by approval; arguments that do not fit; the tool
+(or an upstream server) failed on its input, or the sandbox's file; a fault inside the tool; cancelled by the
+caller."""
+RunStatus = Literal["ok", "error", "timeout", "memory_limit", "output_limit", "quota_exceeded", "cancelled"]
+QuotaMode = Literal["loop", "measured"]  # loop: enforced by a volume of its own; measured: reported after a run
 
 
 class ResultDescriptor(BaseModel):
-    """What a spilled result carries (ARCHITECTURE.md): the same object in the Python API and over MCP."""
+    """What a spilled result carries: the same object in the Python API and over MCP."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -122,6 +133,7 @@ class StoredResult(BaseModel):
     text: str
     descriptor: ResultDescriptor | None
     error_path: str | None
+    failure: CallFailure | None = None  # why the call failed (None: it did not, or it was decided before this was kept)
 
 
 class SavedResult(BaseModel):
@@ -147,7 +159,7 @@ class CallRecord(BaseModel):
     target: str  # what ran (the delegated tool)
     started_at: float
     finished_at: float
-    status: str  # ok | error | denied
+    status: CallStatus
     arguments: str | None  # the short call, as JSON (cut to the policy's record cap)
     expanded: str | None  # the expanded arguments, when they differ from the short call
     arguments_sha256: str | None  # of the expanded arguments, whole
@@ -155,6 +167,7 @@ class CallRecord(BaseModel):
     descriptor: ResultDescriptor | None
     error_path: str | None
     made_by: str | None = None  # the run_python call whose script made this call, when a script made it
+    failure: CallFailure | None = None  # why it failed, set where the failure was caught (None: it did not)
 
 
 class AttachmentCard(BaseModel):

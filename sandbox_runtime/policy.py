@@ -14,7 +14,7 @@ import tomllib
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from sandbox_runtime.errors import PolicyError
 
@@ -81,6 +81,19 @@ class SandboxPolicy(_Model):
     )
     runtime: Literal["runc", "runsc"] = Field("runc", description="OCI runtime; 'runsc' is gVisor.")
     image: str | None = Field(None, description="Executor image; None means the locally built content tag.")
+
+    @field_validator("backend", mode="before")
+    @classmethod
+    def _no_cluster_backend(cls, value: object) -> object:
+        if value == "kubernetes":
+            raise ValueError(
+                "there is no 'kubernetes' backend in this release (it could not be built and tested against a "
+                "cluster): `sandbox-runtime kube manifests` prints the hardened Pod, its results claim and the "
+                "deny-all NetworkPolicy, `kube check` runs that Pod under podman kube play, and "
+                "docs/scale-out.md says what a cluster backend needs; use 'docker' or 'podman'"
+            )
+        return value
+
     uid: int = Field(10001, gt=0, description="Non-root uid the code runs as (never 0).")
     gid: int = Field(10001, gt=0, description="Non-root gid the code runs as (never 0).")
     results_mount_path: str = Field("/mnt/results", description="Where the results folder appears inside.")

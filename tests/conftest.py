@@ -24,6 +24,7 @@ import pytest
 
 from sandbox_runtime.api.runtime import Runtime
 from sandbox_runtime.errors import EngineUnavailable
+from sandbox_runtime.models import QuotaMode
 from sandbox_runtime.policy import Policy, load_policy
 from sandbox_runtime.sandbox.backend import SandboxBackend
 from sandbox_runtime.sandbox.docker.backend import DockerBackend
@@ -31,7 +32,6 @@ from sandbox_runtime.sandbox.fake.backend import FakeBackend
 from sandbox_runtime.sandbox.image import build_executor_image, executor_image_tag
 from sandbox_runtime.sandbox.podman.backend import PodmanBackend
 from sandbox_runtime.sandbox.profile import LABEL_RUNTIME
-from sandbox_runtime.store.quota import QuotaMode
 from sandbox_runtime.store.safe_paths import ResultsRoot
 
 TEST_LABEL = "io.sandbox-runtime.test"

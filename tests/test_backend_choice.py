@@ -19,14 +19,6 @@ from sandbox_runtime.api.runtime import Runtime
 from sandbox_runtime.sandbox.fake import FakeBackend
 from tests.mcp_helpers import run_bounded, stdio_params, structured, text_of
 
-FAKE = '[sandbox]\nbackend = "fake"\n'
-
-
-def _policy(tmp_path: Path) -> Path:
-    path = tmp_path / "fake.toml"
-    path.write_text(FAKE)
-    return path
-
 
 def _cli(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
@@ -39,29 +31,29 @@ def _cli(*args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
-def test_the_python_api_builds_the_backend_the_policy_names(tmp_path: Path) -> None:
-    with Runtime(tmp_path / "state", _policy(tmp_path), reap_interval_s=None, retention_interval_s=None) as runtime:
+def test_the_python_api_builds_the_backend_the_policy_names(tmp_path: Path, fake_policy_file: Path) -> None:
+    with Runtime(tmp_path / "state", fake_policy_file, reap_interval_s=None, retention_interval_s=None) as runtime:
         assert isinstance(runtime.backend, FakeBackend)
         done = runtime.conversation("chosen").run_python("print(6 * 7)")
         assert (done.status, done.stdout) == ("ok", "42\n")
         runtime.conversation("chosen").delete()
 
 
-def test_doctor_names_the_backend_and_says_loudly_what_it_leaves_out(tmp_path: Path) -> None:
-    done = _cli("--state-dir", str(tmp_path / "state"), "--policy", str(_policy(tmp_path)), "doctor")
+def test_doctor_names_the_backend_and_says_loudly_what_it_leaves_out(tmp_path: Path, fake_policy_file: Path) -> None:
+    done = _cli("--state-dir", str(tmp_path / "state"), "--policy", str(fake_policy_file), "doctor")
     assert done.returncode == 1  # a backend that confines nothing never passes doctor
     assert "engine   fake" in done.stdout
     assert done.stdout.count("NOT ENFORCED") == len(FakeBackend.not_enforced)
     assert "confines nothing" in done.stderr
-    as_json = _cli("--state-dir", str(tmp_path / "state"), "--policy", str(_policy(tmp_path)), "doctor", "--json")
+    as_json = _cli("--state-dir", str(tmp_path / "state"), "--policy", str(fake_policy_file), "doctor", "--json")
     report = json.loads(as_json.stdout)
     assert (as_json.returncode, report["ok"], report["backend"]) == (1, False, "fake")
     assert report["not_enforced"] == list(FakeBackend.not_enforced)
 
 
-def test_gc_ls_and_image_build_run_on_the_chosen_backend(tmp_path: Path) -> None:
-    common = ("--state-dir", str(tmp_path / "state"), "--policy", str(_policy(tmp_path)))
-    with Runtime(tmp_path / "state", _policy(tmp_path), reap_interval_s=None, retention_interval_s=None) as runtime:
+def test_gc_ls_and_image_build_run_on_the_chosen_backend(tmp_path: Path, fake_policy_file: Path) -> None:
+    common = ("--state-dir", str(tmp_path / "state"), "--policy", str(fake_policy_file))
+    with Runtime(tmp_path / "state", fake_policy_file, reap_interval_s=None, retention_interval_s=None) as runtime:
         runtime.conversation("listed").call("write_file", {"path": "a.txt", "content": "a"}, call_id="w")
     listed = _cli(*common, "ls", "--json")
     assert listed.returncode == 0, listed.stderr
@@ -72,9 +64,9 @@ def test_gc_ls_and_image_build_run_on_the_chosen_backend(tmp_path: Path) -> None
     assert (built.returncode, built.stdout.strip()) == (0, "the fake backend runs no executor image: nothing to build")
 
 
-def test_serve_runs_on_the_chosen_backend_for_a_real_mcp_client(tmp_path: Path) -> None:
+def test_serve_runs_on_the_chosen_backend_for_a_real_mcp_client(tmp_path: Path, fake_policy_file: Path) -> None:
     state = tmp_path / "state"
-    params = stdio_params(state, "--conversation", "served", policy=_policy(tmp_path))
+    params = stdio_params(state, "--conversation", "served", policy=fake_policy_file)
 
     async def scenario() -> dict[str, Any]:
         async with Client(params, read_timeout_seconds=60) as client:
@@ -88,6 +80,6 @@ def test_serve_runs_on_the_chosen_backend_for_a_real_mcp_client(tmp_path: Path) 
     assert not ran.is_error, text_of(ran)
     spilled = structured(ran)["file"]  # 1,800 characters: saved before the model sees them, on the fake too
     assert spilled["path"].startswith("/mnt/results/spill/")
-    with Runtime(state, _policy(tmp_path), reap_interval_s=None, retention_interval_s=None) as runtime:
+    with Runtime(state, fake_policy_file, reap_interval_s=None, retention_interval_s=None) as runtime:
         assert [c.status for c in runtime.conversation("served").calls()] == ["ok", "ok"]
         runtime.conversation("served").delete()

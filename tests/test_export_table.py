@@ -22,17 +22,17 @@ from pydantic import ValidationError
 import sandbox_runtime.tools.export_table as export_module
 from sandbox_runtime.errors import BadTableFile, InvalidToolArguments, PathNotFound, PathOutsideResults, UnsafeFileType
 from sandbox_runtime.policy import SpillPolicy
-from sandbox_runtime.spill.cells import Cell
 from sandbox_runtime.spill.spiller import spill_result
-from sandbox_runtime.spill.tables import header_line, row_line
 from sandbox_runtime.store.safe_paths import ResultsRoot
+from sandbox_runtime.tables.cells import Cell
+from sandbox_runtime.tables.source import open_table, sort_key, sort_rows
+from sandbox_runtime.tables.table import header_line, row_line
 from sandbox_runtime.tools.export_table import (
     EXPORT_TABLE_DESCRIPTION,
     ExportResult,
     ExportTableArgs,
     export_table,
 )
-from sandbox_runtime.tools.table_source import open_table, sort_key, sort_rows
 
 MAX_BYTES = 64 * 1024 * 1024
 NOW = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
@@ -436,7 +436,7 @@ _MEASURE = """
 import json, sys, time
 from sandbox_runtime.store.safe_paths import ResultsRoot
 from sandbox_runtime.tools.export_table import ExportTableArgs, export_table
-from sandbox_runtime.tools.table_source import open_table
+from sandbox_runtime.tables.source import open_table
 
 def status(field):
     with open("/proc/self/status") as f:

@@ -15,10 +15,10 @@ import pytest
 
 from sandbox_runtime import HostResult, Runtime, ToolCall, errors
 from sandbox_runtime.errors import ImageError, InvalidToolArguments
-from sandbox_runtime.pipeline.execution import is_infrastructure
+from sandbox_runtime.pipeline.call import is_infrastructure
 from sandbox_runtime.policy import policy_from_mapping
 from sandbox_runtime.spill.fast_json import fast_json_file
-from sandbox_runtime.spill.jsonio import loads, nesting_depth, text_nesting_depth
+from sandbox_runtime.tables.jsonio import loads, nesting_depth, text_nesting_depth
 from sandbox_runtime.tools.base import check_nesting
 from tests.conftest import RuntimeFactory
 

@@ -100,6 +100,13 @@ def test_every_tool_says_what_it_is_and_every_result_carries_the_whole_text_in_b
     assert failed["status"] == "error"
     assert "KeyError: 'amount'" in failed["text"]
     assert failed["error_path"].startswith("/mnt/results/errors/")
+    assert failed["error"] == {  # the exception as fields, and where the model's own script raised it
+        "type": "KeyError",
+        "message": "'amount'",
+        "file": failed["script_path"],
+        "line": 2,
+        "signal": None,
+    }
     assert structured(seen["read"])["text"].startswith("alpha\nbeta")
     assert structured(seen["read"])["path"] == "/mnt/results/notes/a.txt"
     big = structured(seen["big"])

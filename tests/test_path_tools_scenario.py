@@ -16,7 +16,7 @@ from openpyxl import load_workbook
 from pptx import Presentation
 
 from sandbox_runtime import Runtime
-from sandbox_runtime.spill.tables import iter_table_file
+from sandbox_runtime.tables.table import iter_table_file
 
 ROWS = 321
 LIBRARIES = ["libpthread.so.0", "libc.so.6", "libm.so.6", "ld-linux-x86-64.so.2"]

@@ -9,7 +9,7 @@ import pytest
 from pydantic import BaseModel
 
 from sandbox_runtime.errors import PolicyError
-from sandbox_runtime.policy import BUILTIN_POLICY_NAMES, Policy, load_policy
+from sandbox_runtime.policy import BUILTIN_POLICY_NAMES, Policy, load_policy, policy_from_mapping
 
 UNIT_SUFFIXES = (
     "_bytes",
@@ -127,3 +127,12 @@ def test_a_policy_changed_in_code_keeps_the_rest_and_is_validated_again() -> Non
     assert changed.mcp.upstreams["t"].url == "http://127.0.0.1:9/mcp"
     with pytest.raises(PolicyError, match="the flags"):
         base.changed({"mcp": {"upstreams": {"t": {}}}}, "the flags")  # neither command nor url
+
+
+def test_a_policy_naming_a_cluster_backend_is_refused_and_told_what_exists_instead() -> None:
+    with pytest.raises(PolicyError) as refused:
+        policy_from_mapping({"sandbox": {"backend": "kubernetes"}})
+    said = str(refused.value)
+    assert "sandbox.backend" in said
+    assert "kube manifests" in said
+    assert "'docker' or 'podman'" in said

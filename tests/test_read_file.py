@@ -23,6 +23,7 @@ from sandbox_runtime.errors import (
 )
 from sandbox_runtime.store.capped import CappedReader
 from sandbox_runtime.store.safe_paths import ResultsRoot
+from sandbox_runtime.tables.source import ACCEPTED_FORMATS
 from sandbox_runtime.tools.read_file import (
     READ_FILE_DESCRIPTION,
     ReadFileArgs,
@@ -374,6 +375,7 @@ def test_the_description_tells_a_model_how_to_use_the_tool() -> None:
     assert 2 <= len(sentences) <= 4
     for phrase in ["results folder", "offset", "limit", "500,000 characters", "export_table", "render_table"]:
         assert phrase in READ_FILE_DESCRIPTION
+    assert ACCEPTED_FORMATS in READ_FILE_DESCRIPTION  # the table formats the table tools read, and only those
     schema = ReadFileArgs.model_json_schema()
     assert set(schema["properties"]) == {"path", "offset", "limit"}
     assert schema["required"] == ["path"]

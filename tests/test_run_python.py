@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from sandbox_runtime import ScriptError
 from sandbox_runtime.api.runtime import Runtime
 from sandbox_runtime.errors import InvalidToolArguments, PathNotFound, PathOutsideResults, UnsafeFileType
 from tests.conftest import RuntimeFactory
@@ -161,6 +162,33 @@ def test_every_failing_script_gets_a_short_message_with_its_exception_line_and_e
     failed = {name: why for name, why in outcomes.items() if why != "ok"}
     assert not failed, f"{len(failed)} of {len(outcomes)} cases failed: {failed}"
     assert len(outcomes) >= 26
+
+
+def test_a_failed_run_gives_its_exception_and_the_line_of_the_script_as_fields(runtime: Runtime) -> None:
+    conversation = runtime.conversation("structured-errors")
+    raised = conversation.run_python("rows = [1, 2]\n\nprint(rows[5])\n")
+    assert raised.error == ScriptError(
+        type="IndexError", message="list index out of range", file=raised.script_path, line=3, signal=None
+    )
+    decoded = conversation.run_python("import json\njson.loads('{')\n")  # raised inside the library, called here
+    assert decoded.error is not None
+    assert (decoded.error.type, decoded.error.file, decoded.error.line) == (
+        "json.decoder.JSONDecodeError",
+        decoded.script_path,
+        2,
+    )
+    assert decoded.error.message.startswith("Expecting property name enclosed in double quotes")
+    said = conversation.run_python("import sys\nsys.exit('no rows for 2026')\n")  # no traceback: its last words
+    assert said.error == ScriptError(type=None, message="no rows for 2026", file=None, line=None, signal=None)
+    assert conversation.run_python("import sys\nsys.exit(3)\n").error is None  # the exit code says it all
+    killed = conversation.run_python("import os, signal\nos.kill(os.getpid(), signal.SIGSEGV)\n")
+    assert killed.error is not None
+    assert (killed.error.type, killed.error.signal) == (None, 11)
+    huge = conversation.run_python("raise ValueError('v' * 150_000)")
+    assert huge.error is not None
+    assert len(huge.error.message) <= runtime.policy.run.error_message_max_chars
+    assert huge.error.message.startswith("vvv")
+    assert conversation.run_python("print('fine')").error is None
 
 
 def test_a_traceback_longer_than_100_kb_is_kept_whole_in_the_error_file(runtime: Runtime) -> None:

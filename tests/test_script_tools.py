@@ -14,7 +14,7 @@ from typing import Any
 
 from sandbox_runtime.api.runtime import Runtime
 from sandbox_runtime.pipeline.approval import ApprovalRequest
-from sandbox_runtime.pipeline.script_access import ScriptAccess
+from sandbox_runtime.pipeline.script_tools import PipelineScriptTools
 from sandbox_runtime.policy import Policy
 from sandbox_runtime.tools.run_python import run_python
 from tests.conftest import RuntimeFactory, Subject
@@ -246,8 +246,10 @@ def test_a_retried_run_replays_the_calls_it_made_before_instead_of_making_them_a
     code = "import sandbox_tools as t\nprint(t.tracker__create_issue(title='once', body='only once').text)"
     outputs = []
     for _ in range(2):  # the same run's call id both times: as when its first try failed in the runtime
-        access = ScriptAccess(runtime.dispatcher, runtime.dispatcher.context("retry"), "retried-call", None, None)
-        outputs.append(run_python(handle, {"code": code}, scripts=access).stdout)
+        scripts = PipelineScriptTools(
+            runtime.dispatcher, runtime.dispatcher.context("retry"), "retried-call", None, None
+        )
+        outputs.append(run_python(handle, {"code": code}, scripts=scripts).stdout)
     assert outputs[0] == outputs[1]
     assert len(tracker.issues) == 1
     assert [r.call_id for r in runtime.state.calls("retry")] == ["retried-call/1"]

@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 
 from sandbox_runtime.policy import SpillPolicy
-from sandbox_runtime.spill.cells import clean_column
 from sandbox_runtime.spill.spiller import SpillOutcome, spill_result
-from sandbox_runtime.spill.tables import iter_table_file
 from sandbox_runtime.store.safe_paths import ResultsRoot
+from sandbox_runtime.tables.cells import clean_column
+from sandbox_runtime.tables.table import iter_table_file
 
 NOW = dt.datetime(2026, 11, 30, 12, 0, tzinfo=dt.UTC)
 POLICY = SpillPolicy()

@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 
 from sandbox_runtime.spill.fast_json import SpillFile, fast_json_file
-from sandbox_runtime.spill.jsonio import dumps_pretty, loads
-from sandbox_runtime.spill.tables import Table, recognise_table, table_file_bytes
+from sandbox_runtime.tables.jsonio import dumps_pretty, loads
+from sandbox_runtime.tables.table import Table, recognise_table, table_file_bytes
 
 
 def general(text: str) -> SpillFile:

@@ -15,7 +15,7 @@ import pytest
 
 from sandbox_runtime import HostResult, PathExpired, ToolCall
 from sandbox_runtime.policy import policy_from_mapping
-from sandbox_runtime.spill.tables import iter_table_file
+from sandbox_runtime.tables.table import iter_table_file
 from tests.conftest import RuntimeFactory
 
 DAY_S = 86400.0

@@ -11,9 +11,9 @@ import time
 
 import pytest
 
-from sandbox_runtime.spill.cells import Cell
-from sandbox_runtime.spill.jsonio import dumps_lines
-from sandbox_runtime.spill.tables import (
+from sandbox_runtime.tables.cells import Cell
+from sandbox_runtime.tables.jsonio import dumps_lines
+from sandbox_runtime.tables.table import (
     Table,
     TableFileError,
     header_line,

@@ -26,14 +26,15 @@ import pytest
 
 from sandbox_runtime import Runtime
 from sandbox_runtime.errors import BadTableFile, FileTooLarge, InvalidToolArguments
-from sandbox_runtime.spill.cells import ColumnTyper, clean_column, finish_column
-from sandbox_runtime.spill.tables import Table, header_line, recognise_table, row_line
 from sandbox_runtime.store.safe_paths import ResultsRoot
-from sandbox_runtime.tools import table_sort, table_writers
+from sandbox_runtime.tables import sort as table_sort
+from sandbox_runtime.tables import writers as table_writers
+from sandbox_runtime.tables.cells import ColumnTyper, clean_column, finish_column
+from sandbox_runtime.tables.source import TableLimits, open_table, sort_key, sort_rows
+from sandbox_runtime.tables.table import Table, header_line, recognise_table, row_line
+from sandbox_runtime.tables.writers import formula_like
 from sandbox_runtime.tools.export_table import ExportResult, ExportTableArgs, export_table
 from sandbox_runtime.tools.render_table import RenderTableArgs, RenderTableResult, render_table
-from sandbox_runtime.tools.table_source import TableLimits, open_table, sort_key, sort_rows
-from sandbox_runtime.tools.table_writers import formula_like
 
 MAX_BYTES = 64 * 1024 * 1024
 MiB = 1024 * 1024

@@ -27,7 +27,7 @@ from sandbox_runtime.models import (
     ToolOutcome,
     TurnReport,
 )
-from sandbox_runtime.pipeline.script_access import ScriptAccess
+from sandbox_runtime.pipeline.script_tools import PipelineScriptTools
 from sandbox_runtime.sandbox.records import Sandbox
 from sandbox_runtime.spill.history import HistoryRebuild, rebuild_history
 from sandbox_runtime.store.folders import ConversationFolders, validate_conversation_id
@@ -118,7 +118,7 @@ class Conversation:
         dispatcher = self.runtime.dispatcher
         with self._live():
             context = dispatcher.context(self.id)
-            scripts = ScriptAccess(dispatcher, context, f"api-{uuid.uuid4().hex[:16]}", None, None)
+            scripts = PipelineScriptTools(dispatcher, context, f"api-{uuid.uuid4().hex[:16]}", None, None)
             return run_python(context.sandbox, arguments, scripts=scripts)
 
     def call(

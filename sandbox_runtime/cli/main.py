@@ -33,6 +33,10 @@ from sandbox_runtime.policy import load_policy
 __all__ = ["main"]
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_ENGINE = 0, 1, 2, 3
+EXIT_CODES = (
+    "exit codes: 0 success; 1 a check failed or the work did not succeed; 2 bad usage or configuration; 3 the "
+    "engine or the executor image is not available"
+)
 
 
 def _table(rows: list[list[str]], header: list[str]) -> str:
@@ -299,7 +303,11 @@ def version() -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="sandbox-runtime", description=__doc__.splitlines()[0] if __doc__ else "")
+    parser = argparse.ArgumentParser(
+        prog="sandbox-runtime",
+        description="Hardened sandboxes for AI agents' code, and a data path that bypasses model output.",
+        epilog=EXIT_CODES,
+    )
     parser.add_argument("--version", action="version", version=f"sandbox-runtime {version()}")
     parser.add_argument(
         "--state-dir",
@@ -307,7 +315,9 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help=f"state directory (default: $SANDBOX_RUNTIME_STATE_DIR or {default_state_dir()})",
     )
-    parser.add_argument("--policy", default="default", help="default, strict, gvisor, or a TOML file path")
+    parser.add_argument(
+        "--policy", default="default", help="a shipped policy (default, strict, gvisor, podman) or a TOML file path"
+    )
     parser.add_argument("-v", "--verbose", action="store_true", help="log what happens (to stderr)")
     parser.add_argument(
         "--label",
@@ -349,8 +359,9 @@ def build_parser() -> argparse.ArgumentParser:
     ls.add_argument("--json", action="store_true")
     ls.set_defaults(func=cmd_ls)
     add_kube_parser(sub)
-    watch = sub.add_parser(
-        WATCH_COMMAND, help="(started by serve over stdio) end a conversation's sandbox once its client exits"
+    sub.metavar = "{" + ",".join(sub.choices) + "}"  # the commands a user runs; the one below is serve's own
+    watch = sub.add_parser(  # started by serve over stdio: ends a conversation's sandbox once its client exits
+        WATCH_COMMAND, description="(started by serve over stdio) end a conversation's sandbox once its client exits"
     )
     watch.add_argument("--pid", type=int, required=True, help="the client process")
     watch.add_argument("--start", default="", help="its boot id and start time, as the server read them")

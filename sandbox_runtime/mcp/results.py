@@ -22,9 +22,9 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from sandbox_runtime.mcp.resources import attachment_uri, mime_type, result_uri
-from sandbox_runtime.models import Attachment, AttachmentCard, ResultDescriptor, ToolOutcome
+from sandbox_runtime.models import Attachment, AttachmentCard, ResultDescriptor, RunStatus, ToolOutcome
 from sandbox_runtime.tools.base import ToolSpec
-from sandbox_runtime.tools.run_python import RunStatus
+from sandbox_runtime.tools.run_result import ScriptError
 
 __all__ = [
     "META_CALL_ID",
@@ -62,6 +62,9 @@ class RunPythonOutput(ToolResult):
     exit_code: int | None = None
     duration_s: float | None = None
     script_path: str | None = Field(None, description="The script that ran (inline code is saved first).")
+    error: ScriptError | None = Field(
+        None, description="A failed run's exception (type, message) and the line of your script that raised it."
+    )
 
 
 class ReadFileOutput(ToolResult):

@@ -2,7 +2,7 @@
 and execution record.
 
 A *turn* is a batch of calls the host runs together. Each item is either a :class:`ToolCall` of a built-in or
-registered tool (run here — see :mod:`~sandbox_runtime.pipeline.execution` for ``delegate_call`` expansion and approval;
+registered tool (run here — see :mod:`~sandbox_runtime.pipeline.call` for ``delegate_call`` expansion and approval;
 several run in parallel) or a :class:`HostResult` (the host ran its own tool and hands in what it returned). Every
 result then goes the same way: a failure's full error is saved in ``errors/`` and shortened; a result of
 ``threshold_chars`` or more is spilled to ``spill/`` (unless its tool is self-bounded); the turn's budget replaces
@@ -12,7 +12,7 @@ decision is replayed, byte for byte, even after a restart or a change of policy.
 
 Bad calls (unknown tool, arguments that do not fit, refused or missing paths, malformed files) become results with
 ``is_error`` the model can read, and so does an unexpected exception inside a tool or while its result is saved
-(an internal-error result, logged with its traceback; see :mod:`~sandbox_runtime.pipeline.execution`). Only
+(an internal-error result, logged with its traceback; see :mod:`~sandbox_runtime.pipeline.call`). Only
 infrastructure failures (engine gone, sandbox cannot start) raise — and never at the cost of the turn's other
 calls: every call of the batch still runs, those that finished are decided and stored as usual, and then the
 failure is raised (with a note naming the calls that were decided). Run the turn again with the same call ids:
@@ -28,15 +28,21 @@ import time
 import uuid
 from collections import Counter
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 
 from sandbox_runtime.control import CallControl
 from sandbox_runtime.errors import InvalidToolArguments
-from sandbox_runtime.models import CallRecord, HostResult, SpillMode, StoredResult, ToolCall, ToolOutcome, TurnReport
+from sandbox_runtime.models import HostResult, SpillMode, StoredResult, ToolCall, ToolOutcome, TurnReport
 from sandbox_runtime.pipeline.approval import Approver
-from sandbox_runtime.pipeline.execution import CallRunner, Ran, internal_error, is_infrastructure
-from sandbox_runtime.pipeline.results import Pending, outcome, to_stored
-from sandbox_runtime.pipeline.script_access import ScriptAccess
+from sandbox_runtime.pipeline.call import (
+    Call,
+    CallRunner,
+    call_record,
+    internal_error,
+    is_infrastructure,
+    outcome,
+    stored_result,
+)
+from sandbox_runtime.pipeline.script_tools import PipelineScriptTools
 from sandbox_runtime.policy import Policy
 from sandbox_runtime.spill.budget import BudgetCandidate, BudgetDecision, plan_turn_budget
 from sandbox_runtime.spill.failures import spill_error
@@ -46,24 +52,11 @@ from sandbox_runtime.state.database import StateDB
 from sandbox_runtime.tools.base import ToolContext, ToolSpec
 from sandbox_runtime.workers import Workers
 
-__all__ = ["Dispatcher", "HostResult", "PreparedCall", "ToolCall", "ToolOutcome", "TurnReport"]
+__all__ = ["Call", "Dispatcher", "HostResult", "ToolCall", "ToolOutcome", "TurnReport"]
 
 logger = logging.getLogger(__name__)
 
 _CALL_ID_MAX_CHARS = 200
-
-
-@dataclass
-class PreparedCall:
-    """One call of a turn between its run and its decision: either ran now (``ran`` and ``pending``) or decided
-    before (``stored``, replayed as it is)."""
-
-    item: ToolCall | HostResult
-    call_id: str
-    ctx: ToolContext  # the context it ran in: its results folder is synced before the decision
-    ran: Ran | None = None
-    pending: Pending | None = None
-    stored: StoredResult | None = None
 
 
 class Dispatcher:
@@ -133,7 +126,7 @@ class Dispatcher:
         control: CallControl | None = None,
         made_by: tuple[str, str] | None = None,
         context: ToolContext | None = None,
-    ) -> PreparedCall:
+    ) -> Call:
         """The first half of a turn, for one call that arrived on its own (an MCP request, or a script's call:
         ``made_by`` names the tool that made it and where its arguments came from, ``context`` is its run's):
         run it (or find its stored decision) and spill its result. Its decision is made by :meth:`settle`,
@@ -152,7 +145,7 @@ class Dispatcher:
     def settle(
         self,
         conversation_id: str,
-        prepared: Sequence[PreparedCall],
+        prepared: Sequence[Call],
         turn_id: str | None = None,
         *,
         shown_before_chars: int = 0,
@@ -162,25 +155,22 @@ class Dispatcher:
         ``shown_before_chars`` were already given to the model earlier in the same turn), and the decisions
         stored before anything is returned; ``made_by`` names the call whose script made these calls."""
         turn_id = turn_id or f"turn-{uuid.uuid4().hex[:16]}"
-        ids = _unique([p.call_id for p in prepared])
-        pending = {p.call_id: p.pending for p in prepared if p.pending is not None}
-        stored = {p.call_id: p.stored for p in prepared if p.stored is not None}
-        if any(p.descriptor is not None or p.error_path is not None for p in pending.values()):
-            self._sync(prepared[0].ctx, pending)  # one sync of the folder, before the decisions are stored
-        decision = self._budget(ids, stored, pending, shown_before_chars)
+        ids = _unique([call.call_id for call in prepared])
+        fresh = {call.call_id: call for call in prepared if call.ran}
+        stored = {call.call_id: call.stored for call in prepared if call.stored is not None}
+        if any(call.descriptor is not None or call.error_path is not None for call in fresh.values()):
+            self._sync(prepared[0].ctx, fresh)  # one sync of the folder, before the decisions are stored
+        decision = self._budget(ids, stored, fresh, shown_before_chars)
         now = self._clock()
-        records = [
-            self._record(conversation_id, turn_id, p.item, p.ran, pending[p.call_id], made_by)
-            for p in prepared
-            if p.ran is not None
-        ]
+        cap = self.policy.tools.record_args_max_bytes
         kept = self.state.store_results(
-            [to_stored(conversation_id, turn_id, now, p) for p in pending.values()], records
+            [stored_result(call, conversation_id, turn_id, now) for call in fresh.values()],
+            [call_record(call, conversation_id, turn_id, cap, made_by) for call in fresh.values()],
         )  # written before anything is returned; a concurrent first decision wins
         outcomes = []
         for call_id in ids:
-            if call_id in pending and kept[call_id].text == pending[call_id].text():
-                outcomes.append(outcome(kept[call_id], pending[call_id]))
+            if call_id in fresh and kept[call_id].text == fresh[call_id].text():
+                outcomes.append(outcome(kept[call_id], fresh[call_id]))
             else:
                 outcomes.append(outcome(stored.get(call_id) or kept[call_id]))
         return TurnReport(
@@ -194,14 +184,14 @@ class Dispatcher:
         )
 
     @staticmethod
-    def _sync(ctx: ToolContext, pending: dict[str, Pending]) -> None:
+    def _sync(ctx: ToolContext, fresh: dict[str, Call]) -> None:
         try:
             ctx.root.sync()
         except OSError as exc:
             warning = f"the results folder could not be synced to disk: {exc}"
             logger.warning(warning)
-            for p in pending.values():
-                p.warnings.append(warning)
+            for call in fresh.values():
+                call.warnings.append(warning)
 
     # ------------------------------------------------------------------------------------------ execute
     def _prepare_all(
@@ -212,78 +202,49 @@ class Dispatcher:
         approver: Approver | None,
         control: CallControl | None = None,
         made_by: tuple[str, str] | None = None,
-    ) -> tuple[list[PreparedCall], list[tuple[str, BaseException]]]:
+    ) -> tuple[list[Call], list[tuple[str, BaseException]]]:
         """Every item run (or found decided) and spilled; and the calls that raised (infrastructure failures), each
         with its call id — one call's failure stops none of the others."""
 
-        def prepare(item: ToolCall | HostResult) -> PreparedCall | BaseException:
+        def prepare(item: ToolCall | HostResult) -> Call | BaseException:
             call_id = item.call_id or ""
             if call_id in stored:
-                return PreparedCall(item=item, call_id=call_id, ctx=ctx, stored=stored[call_id])
-            scripts = ScriptAccess(self, ctx, call_id, approver, control)
-            own = dataclasses.replace(ctx, call_id=call_id, control=control, scripts=scripts)
+                return Call(item, ctx, stored=stored[call_id])
+            scripts = PipelineScriptTools(self, ctx, call_id, approver, control)
+            call = Call(item, dataclasses.replace(ctx, call_id=call_id, control=control, scripts=scripts))
             try:
-                ran = self._run_one(own, item, approver, made_by)
-                ran, pending = self._spill_or_fault(ctx, item, ran)
+                if isinstance(item, HostResult):
+                    self.runner.host_result(call, item.result, item.is_error)
+                else:
+                    self.runner.run(call, item.arguments, approver=approver, made_by=made_by)
+                self._spill_or_fault(call)
             except BaseException as exc:  # raised once the others of the turn are decided
                 return exc
-            return PreparedCall(item=item, call_id=call_id, ctx=ctx, ran=ran, pending=pending)
+            return call
 
         if sum(isinstance(item, ToolCall) and item.call_id not in stored for item in items) <= 1:
             done = [prepare(item) for item in items]
         else:
             done = self._workers.map(prepare, items)  # the runtime's one pool
-        prepared = [p for p in done if isinstance(p, PreparedCall)]
+        prepared = [p for p in done if isinstance(p, Call)]
         failures = [
             (item.call_id or "", p) for item, p in zip(items, done, strict=True) if isinstance(p, BaseException)
         ]
         return prepared, failures
 
-    def _run_one(
-        self,
-        ctx: ToolContext,
-        item: ToolCall | HostResult,
-        approver: Approver | None,
-        made_by: tuple[str, str] | None,
-    ) -> Ran:
-        if isinstance(item, HostResult):
-            return self.runner.host_result(item.tool, item.result, item.is_error)
-        return self.runner.run(ctx, item.call_id or "", item.tool, item.arguments, approver=approver, made_by=made_by)
-
-    def _record(
-        self,
-        conversation_id: str,
-        turn_id: str,
-        item: ToolCall | HostResult,
-        ran: Ran,
-        pending: Pending,
-        made_by: str | None,
-    ) -> CallRecord:
-        arguments = item.arguments if isinstance(item, ToolCall) else None
-        return self.runner.record(
-            conversation_id,
-            turn_id,
-            item.call_id or "",
-            item.tool,
-            arguments,
-            ran,
-            pending.descriptor,
-            pending.error_path,
-            made_by,
-        )
-
     # ------------------------------------------------------------------------------------------ spill
-    def _spill_or_fault(self, ctx: ToolContext, item: ToolCall | HostResult, ran: Ran) -> tuple[Ran, Pending]:
-        """The spilled result; when saving it fails unexpectedly (a result no writer takes), an internal-error
+    def _spill_or_fault(self, call: Call) -> None:
+        """Spill the call's result; when saving it fails unexpectedly (a result no writer takes), an internal-error
         result in its place, logged with its traceback."""
         try:
-            return ran, self._spill(ctx, item, ran)
+            self._spill(call)
         except Exception as exc:
             if is_infrastructure(exc):
                 raise
-            logger.exception("internal error saving the result of %s (call %s)", ran.target, item.call_id)
-            ran = dataclasses.replace(ran, ret=internal_error(ran.target, exc, during=" (saving its result)"))
-            return ran, self._spill(ctx, item, ran)
+            logger.exception("internal error saving the result of %s (call %s)", call.target, call.call_id)
+            ret = internal_error(call.target, exc, during=" (saving its result)")
+            call.finish(ret, "internal", call.finished_at)
+            self._spill(call)
 
     def _mode(self, item: ToolCall | HostResult, tool: str) -> tuple[SpillMode, int | None]:
         if isinstance(item, HostResult):
@@ -296,72 +257,66 @@ class Dispatcher:
             mode, threshold = rule.mode, rule.threshold_chars or threshold
         return mode, threshold
 
-    def _spill(self, ctx: ToolContext, item: ToolCall | HostResult, ran: Ran) -> Pending:
-        call_id, ret, tool = item.call_id or "", ran.ret, ran.target
-        pending = Pending(
-            call_id=call_id,
-            tool=item.tool,
-            is_error=ret.is_error,
-            body="",
-            error_path=ret.error_path,
-            details=ret.details,
-            blocks=ret.blocks,
-            annotations=ret.annotations,
-            structured=ret.structured,
-        )
-        mode, threshold = self._mode(item, tool)
+    def _spill(self, call: Call) -> None:
+        """The call's result as the model will see it: its body spilled (or not), its error saved and shortened,
+        its notes after them."""
+        ret, tool, root = call.ret, call.target, call.ctx.root
+        call.is_error, call.error_path, call.warnings = ret.is_error, ret.error_path, []
+        call.body, call.stand_in, call.descriptor = "", None, None
+        mode, threshold = self._mode(call.item, tool)
         now = dt.datetime.fromtimestamp(self._clock(), dt.UTC)
         if mode == "self_bounded":
-            pending.body = result_text(ret.content)
+            call.body = result_text(ret.content)
         else:
             spilled = spill_result(
-                ctx.root,
+                root,
                 ret.content,
                 tool=tool,
-                call_id=call_id,
+                call_id=call.call_id,
                 policy=self.policy.spill,
                 now=now,
                 threshold_chars=threshold,
                 durable=False,
             )
-            pending.body, pending.stand_in, pending.descriptor = spilled.text, spilled.stand_in, spilled.descriptor
-            pending.warnings += [spilled.warning] if spilled.warning else []
-            pending.is_error = pending.is_error or spilled.failed is not None
-        if pending.descriptor is None and ret.descriptor is not None:
-            pending.descriptor = ret.descriptor  # a built file: described like a spill, shown inline in words
+            call.body, call.stand_in, call.descriptor = spilled.text, spilled.stand_in, spilled.descriptor
+            call.warnings += [spilled.warning] if spilled.warning else []
+            if spilled.failed is not None:  # a table's rows stopped with an error: what came is kept
+                call.is_error, call.failure = True, call.failure or "tool_error"
+        if call.descriptor is None and ret.descriptor is not None:
+            call.descriptor = ret.descriptor  # a built file: described like a spill, shown inline in words
         tail = []
         if ret.error is not None:
             failure = spill_error(
-                ctx.root,
+                root,
                 ret.error,
                 tool=tool,
-                call_id=call_id,
+                call_id=call.call_id,
                 keep_whole_chars=self.policy.spill.threshold_chars,
                 max_chars=self.policy.spill.inline_cap_chars,
                 durable=False,
             )
             tail.append(failure.text)
-            pending.error_path = failure.error_path
-            pending.warnings += [failure.warning] if failure.warning else []
+            call.error_path = failure.error_path
+            call.warnings += [failure.warning] if failure.warning else []
         if isinstance(ret.content, TableStream):
             tail += ret.content.notes  # e.g. the rows were cut at a limit
         if ret.note:
             tail.append(ret.note)
-        pending.tail = "\n".join(tail)
-        if pending.descriptor is not None and pending.descriptor.truncated_inline:
-            pending.stand_in = None  # already the stand-in: nothing more to give way
-        return pending
+        call.tail = "\n".join(tail)
+        if call.descriptor is not None and call.descriptor.truncated_inline:
+            call.stand_in = None  # already the stand-in: nothing more to give way
 
     def _budget(
-        self, ids: list[str], stored: dict[str, StoredResult], pending: dict[str, Pending], shown_before_chars: int
+        self, ids: list[str], stored: dict[str, StoredResult], fresh: dict[str, Call], shown_before_chars: int
     ) -> BudgetDecision:
         candidates = []
         for call_id in ids:
-            if call_id in pending:
-                p = pending[call_id]
-                stand_in = None if p.stand_in is None else len(p.stand_in) + len(p.text()) - len(p.body)
-                size = p.descriptor.chars if p.descriptor is not None else None
-                candidates.append(BudgetCandidate(len(p.text()), stand_in, size))
+            if call_id in fresh:
+                call = fresh[call_id]
+                shown = len(call.text())
+                stand_in = None if call.stand_in is None else len(call.stand_in) + shown - len(call.body)
+                size = call.descriptor.chars if call.descriptor is not None else None
+                candidates.append(BudgetCandidate(shown, stand_in, size))
             else:
                 candidates.append(BudgetCandidate(len(stored[call_id].text), None))
         if shown_before_chars:
@@ -370,10 +325,10 @@ class Dispatcher:
             candidates, budget_chars=self.policy.spill.turn_budget_chars, floor_chars=self.policy.spill.turn_floor_chars
         )
         for i in decision.replace:
-            p = pending[ids[i]]
-            p.replaced = True
-            if p.descriptor is not None:
-                p.descriptor = p.descriptor.model_copy(update={"truncated_inline": True})
+            call = fresh[ids[i]]
+            call.replaced = True
+            if call.descriptor is not None:
+                call.descriptor = call.descriptor.model_copy(update={"truncated_inline": True})
         if decision.over_budget:
             logger.warning(
                 "a turn's results show %d characters inline, over the budget of %d: the rest cannot give way "

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from sandbox_runtime.control import CallControl
 from sandbox_runtime.errors import InvalidToolArguments, SandboxRuntimeError
 from sandbox_runtime.pipeline.approval import Approver
-from sandbox_runtime.pipeline.dispatch import Dispatcher, HostResult, PreparedCall, ToolCall, ToolOutcome, TurnReport
+from sandbox_runtime.pipeline.dispatch import Call, Dispatcher, HostResult, ToolCall, ToolOutcome, TurnReport
 
 __all__ = ["TurnGate"]
 
@@ -35,7 +35,7 @@ _TURN_ID_MAX_CHARS = 200
 class _Group:
     turn_id: str
     running: int = 0
-    ready: list[PreparedCall] = field(default_factory=list)
+    ready: list[Call] = field(default_factory=list)
     done: threading.Event = field(default_factory=threading.Event)
     report: TurnReport | None = None
     failure: BaseException | None = None
@@ -98,7 +98,7 @@ class TurnGate:
         outcome = next(o for o in group.report.outcomes if o.call_id == prepared.call_id)
         return outcome, group.report
 
-    def _finish(self, key: tuple[str, str | None], group: _Group, prepared: PreparedCall | None) -> bool:
+    def _finish(self, key: tuple[str, str | None], group: _Group, prepared: Call | None) -> bool:
         """Count one call of the group as finished; True for the last one, which decides for all."""
         with self._lock:
             group.running -= 1

@@ -1,7 +1,7 @@
 """JSON text spilled at C speed, without building the Python objects the file does not need (msgspec).
 
 Two shapes take this path; everything else, and every input it declines, takes the general one
-(:func:`~sandbox_runtime.spill.tables.recognise_table` over a parsed value). Records come out byte for byte as the
+(:func:`~sandbox_runtime.tables.table.recognise_table` over a parsed value). Records come out byte for byte as the
 general path writes them; other JSON keeps the tool's own spelling of the same values.
 
 * **An array of records** (``[{...}, ...]``) is decoded into one struct per record, each column's type guessed
@@ -35,9 +35,9 @@ from typing import Any, Literal, NamedTuple
 import msgspec
 from msgspec.structs import astuple
 
-from sandbox_runtime.spill.cells import ColumnType, clean_column, date_like
-from sandbox_runtime.spill.jsonio import dumps_lines
-from sandbox_runtime.spill.tables import header_line
+from sandbox_runtime.tables.cells import ColumnType, clean_column, date_like
+from sandbox_runtime.tables.jsonio import dumps_lines
+from sandbox_runtime.tables.table import header_line
 
 __all__ = ["SpillFile", "SpillFormat", "fast_json_file"]
 

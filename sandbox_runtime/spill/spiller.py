@@ -6,7 +6,7 @@ the inline cap is given in tokens and estimated as characters / 4, so no tokeniz
 
 Shapes: an MCP ``CallToolResult`` (``structuredContent``, or text blocks holding serialized JSON) is unwrapped
 and written as the JSON itself, pretty-printed with one value per line; a recognised table is written as a typed
-table file (:mod:`~sandbox_runtime.spill.tables`); any other JSON as pretty JSON; the rest as text. The same
+table file (:mod:`~sandbox_runtime.tables.table`); any other JSON as pretty JSON; the rest as text. The same
 input always gives the same bytes, file name and stand-in text. A failed spill never fails the call.
 """
 
@@ -26,11 +26,11 @@ from sandbox_runtime.errors import PathExists, PathRejected
 from sandbox_runtime.models import ResultDescriptor
 from sandbox_runtime.policy import SpillPolicy
 from sandbox_runtime.spill.fast_json import SpillFile, SpillFormat, fast_json_file
-from sandbox_runtime.spill.jsonio import dumps_compact, dumps_pretty, loads, paused_gc
 from sandbox_runtime.spill.manifest import record_in_manifest
 from sandbox_runtime.spill.streamed import StreamedFile, TableStream, buffer_or_stream
-from sandbox_runtime.spill.tables import Table, recognise_table, table_file_bytes
 from sandbox_runtime.store.safe_paths import PRIVATE_FILE_MODE, ResultsRoot
+from sandbox_runtime.tables.jsonio import dumps_compact, dumps_pretty, loads, paused_gc
+from sandbox_runtime.tables.table import Table, recognise_table, table_file_bytes
 
 __all__ = [
     "SpillOutcome",

@@ -16,9 +16,9 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import IO, Any
 
-from sandbox_runtime.spill.cells import Cell, ColumnType, cell, type_from_kinds, value_type
-from sandbox_runtime.spill.jsonio import dumps_compact
-from sandbox_runtime.spill.tables import header_line, row_line, unique_names
+from sandbox_runtime.tables.cells import Cell, ColumnType, cell, type_from_kinds, value_type
+from sandbox_runtime.tables.jsonio import dumps_compact
+from sandbox_runtime.tables.table import header_line, row_line, unique_names
 
 __all__ = ["StreamedFile", "TableStream", "buffer_or_stream"]
 

@@ -276,7 +276,7 @@ class StateDB:
                 db.execute(
                     "INSERT OR IGNORE INTO calls(conversation_id, call_id, turn_id, tool, target, started_at, "
                     "finished_at, status, arguments, expanded, arguments_sha256, arguments_cut, descriptor, "
-                    "error_path, made_by) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    "error_path, made_by, failure) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                     (
                         c.conversation_id,
                         c.call_id,
@@ -293,12 +293,13 @@ class StateDB:
                         _descriptor_json(c.descriptor),
                         c.error_path,
                         c.made_by,
+                        c.failure,
                     ),
                 )
             for r in results:
                 db.execute(
                     "INSERT OR IGNORE INTO tool_results(conversation_id, call_id, tool, turn_id, decided_at, is_error, "
-                    "replaced, text, descriptor, error_path) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    "replaced, text, descriptor, error_path, failure) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                     (
                         r.conversation_id,
                         r.call_id,
@@ -310,6 +311,7 @@ class StateDB:
                         _text_blob(r.text),
                         _descriptor_json(r.descriptor),
                         r.error_path,
+                        r.failure,
                     ),
                 )
         by_conversation: dict[str, list[str]] = {}

@@ -97,6 +97,10 @@ _MIGRATIONS: tuple[tuple[str, ...], ...] = (
     (  # 1 -> 2: a call made by a run_python script names the call of that run
         "ALTER TABLE calls ADD COLUMN made_by TEXT",
     ),
+    (  # 2 -> 3: why a call failed, as data (a script's call replayed reads it from its decision)
+        "ALTER TABLE calls ADD COLUMN failure TEXT",
+        "ALTER TABLE tool_results ADD COLUMN failure TEXT",
+    ),
 )
 SCHEMA_VERSION = len(_MIGRATIONS)
 

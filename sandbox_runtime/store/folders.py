@@ -32,10 +32,10 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict
 
 from sandbox_runtime.errors import InvalidConversationId
+from sandbox_runtime.models import QuotaMode
 from sandbox_runtime.policy import Policy
 from sandbox_runtime.store.outputs import AttachmentStore, OutputsLimits, OutputsUsage
 from sandbox_runtime.store.quota import (
-    QuotaMode,
     QuotaUsage,
     mount_loop_quota,
     release_loop_quota,

@@ -28,9 +28,9 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict
 
 from sandbox_runtime.errors import QuotaError
+from sandbox_runtime.models import QuotaMode
 
 __all__ = [
-    "QuotaMode",
     "QuotaUsage",
     "attached_loop_images",
     "loop_devices",
@@ -44,7 +44,6 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-QuotaMode = Literal["loop", "measured"]
 _COMMAND_TIMEOUT_S = 60
 # noinit_itable: the kernel does not zero the unused inode tables in the background (mkfs left them to be made
 # when used), so an idle volume stays as small on the host as it was made

@@ -194,6 +194,14 @@ class ResultsRoot:
 
     # ------------------------------------------------------------------------------------------ reading
     def _open_regular_fd(self, components: tuple[str, ...], max_bytes: int) -> tuple[int, os.stat_result]:
+        try:
+            return self._open_checked(components, max_bytes)
+        except PathNotFound as exc:
+            if exc.path is None:
+                exc.path = self.sandbox_path(components)  # the file asked for, whichever part of it is missing
+            raise
+
+    def _open_checked(self, components: tuple[str, ...], max_bytes: int) -> tuple[int, os.stat_result]:
         shown = self._shown(components)
         name = components[-1]
         with self._dir(components[:-1]) as (parent, root_dev):

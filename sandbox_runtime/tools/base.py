@@ -4,7 +4,7 @@ handler that turns validated arguments into a :class:`ToolReturn`.
 Handlers raise a :class:`~sandbox_runtime.errors.ToolFailure` for bad input (``InvalidToolArguments``,
 ``PathRejected``, ``PathNotFound``, ``BadTableFile``, ...); the pipeline turns it into a result the model reads, and
 any other unexpected exception of a handler into an internal-error result (see
-:mod:`sandbox_runtime.pipeline.execution`).
+:mod:`sandbox_runtime.pipeline.call`).
 Infrastructure failures (every other :class:`~sandbox_runtime.errors.SandboxRuntimeError`) propagate.
 
 Arguments nested deeper than the policy's ``tools.json_nesting_max`` (arrays and objects; the arguments object is
@@ -13,7 +13,6 @@ level 1) are refused before any schema sees them: validators, serialisers and th
 
 from __future__ import annotations
 
-import datetime as dt
 import functools
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -25,12 +24,12 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from sandbox_runtime.control import CallControl
 from sandbox_runtime.conversations.handle import SandboxHandle
-from sandbox_runtime.errors import InvalidToolArguments, PathExpired, PathNotFound, PathRejected
+from sandbox_runtime.errors import InvalidToolArguments
 from sandbox_runtime.models import Attachment, ResultDescriptor, SpillMode, ToolOutcome
 from sandbox_runtime.policy import Policy
-from sandbox_runtime.spill.jsonio import nesting_depth
 from sandbox_runtime.state.records import ExpiredFile
 from sandbox_runtime.store.safe_paths import ResultsRoot
+from sandbox_runtime.tables.jsonio import nesting_depth
 
 __all__ = [
     "ScriptCallOutcome",
@@ -41,7 +40,6 @@ __all__ = [
     "ToolReturn",
     "ToolSpec",
     "check_nesting",
-    "expired_or",
     "model_arguments",
     "validate_arguments",
 ]
@@ -53,14 +51,16 @@ class ToolReturn(BaseModel):
     """A tool's raw result. The model sees, in order: ``content`` (through the spill), the short form of
     ``error`` (whose full text the pipeline saves in ``errors/``), and ``note`` (a short status line).
 
-    A failure sets ``is_error``; a tool that saved its full error itself names it in ``error_path``.
-    ``details`` are for the host (e.g. a run's status and exit code), not for the model.
+    A failure sets ``is_error`` (and ``cancelled`` when the caller cancelled the call); a tool that saved its full
+    error itself names it in ``error_path``. ``details`` are for the host (e.g. a run's status and exit code), not
+    for the model.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     content: Any = ""
     is_error: bool = False
+    cancelled: bool = False  # the caller cancelled the call (a run ended every process it started)
     error: str | None = None
     note: str | None = None
     error_path: str | None = None
@@ -183,20 +183,3 @@ def model_arguments(model: type[M], raw: object, name: str) -> M:
     except ValidationError as exc:
         detail = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'arguments'}: {e['msg']}" for e in exc.errors())
         raise InvalidToolArguments(f"{name}: {detail}") from exc
-
-
-def expired_or(ctx: ToolContext, path: str, missing: PathNotFound) -> PathNotFound:
-    """The clear "expired" error when retention removed ``path``; else ``missing`` unchanged."""
-    try:
-        shown = ctx.root.sandbox_path(ctx.root.parse(path))
-    except PathRejected:
-        return missing
-    gone = ctx.expired(shown)
-    if gone is None:
-        return missing
-    removed = dt.datetime.fromtimestamp(gone.removed_at, dt.UTC).isoformat(timespec="seconds")
-    days = ctx.policy.spill.retention_s / 86400
-    return PathExpired(
-        f"{shown} has expired: it was removed on {removed} (spill, error and argument files are kept "
-        f"{days:g} days). Re-run the query or tool that produced it to get a fresh copy."
-    )

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from sandbox_runtime.errors import InvalidToolArguments, PathNotFound
+from sandbox_runtime.errors import InvalidToolArguments
 from sandbox_runtime.models import ResultDescriptor
 from sandbox_runtime.policy import Policy
 from sandbox_runtime.store.outputs import AttachmentStore, OutputsLimits
+from sandbox_runtime.tables.source import TableLimits
 from sandbox_runtime.tools.attach import ATTACH_FILE_DESCRIPTION, AttachFileArgs, attach_file
-from sandbox_runtime.tools.base import ToolContext, ToolReturn, ToolSpec, expired_or
+from sandbox_runtime.tools.base import ToolContext, ToolReturn, ToolSpec
 from sandbox_runtime.tools.delegate import DELEGATE_CALL_DESCRIPTION, DelegateCallArgs
 from sandbox_runtime.tools.export_table import EXPORT_TABLE_DESCRIPTION, ExportTableArgs, export_table
 from sandbox_runtime.tools.files import (
@@ -20,50 +21,16 @@ from sandbox_runtime.tools.files import (
 )
 from sandbox_runtime.tools.read_file import READ_FILE_DESCRIPTION, ReadFileArgs, read_file
 from sandbox_runtime.tools.render_table import RENDER_TABLE_DESCRIPTION, RenderTableArgs, render_table
-from sandbox_runtime.tools.run_python import RunPythonArgs, parse_args, run_python
+from sandbox_runtime.tools.run_python import RUN_PYTHON_DESCRIPTION, RunPythonArgs, run_python_tool
 from sandbox_runtime.tools.sql_query import SQL_QUERY_DESCRIPTION, SqlQueryArgs, sql_query
-from sandbox_runtime.tools.table_source import TableLimits
 
 __all__ = ["builtin_tools"]
 
-RUN_PYTHON_DESCRIPTION = (
-    "Run Python 3 in this conversation's sandbox (standard library plus openpyxl, python-docx and python-pptx; "
-    "no network, no pip). Give `code` for a few lines, or `script_path` for a script saved in the results "
-    "folder (/mnt/results) — edit long scripts there and run them by path instead of retyping them. Files "
-    "written under /mnt/results stay for the conversation. Results over 1,000 characters are saved to a file "
-    "and you get its path: read data from such paths in your script instead of copying values. A failure "
-    "returns the exception line and the path of the full error. A script can call tools itself — use that for "
-    "many calls, bodies taken from files or query rows, or one tool's result reshaped into another's arguments, "
-    "so the data never passes through you: `import sandbox_tools as tools`; `print(tools.list_tools())` names "
-    "those it may call; `r = tools.sql_query(query=...)` gives `r.text`, `r.path` (a saved result's file) and "
-    "`r.rows()`; `tools.some_tool(arg=value)` for each call; a failed or refused call raises `tools.ToolError`."
-)
-
-
-def _run_python(ctx: ToolContext, args: RunPythonArgs) -> ToolReturn:
-    args = parse_args(args, ctx.policy)
-    try:
-        result = run_python(ctx.sandbox, args, control=ctx.control, scripts=ctx.scripts)
-    except PathNotFound as exc:
-        if args.script_path is None:
-            raise
-        raise expired_or(ctx, args.script_path, exc) from exc
-    return ToolReturn(
-        content=result.stdout,
-        is_error=result.is_error,
-        note=result.message,
-        error_path=result.error_path,
-        details=result.model_dump(exclude={"stdout", "message"}),
-    )
-
 
 def _read_file(ctx: ToolContext, args: ReadFileArgs) -> ToolReturn:
-    try:
-        result = read_file(
-            ctx.root, args, max_chars=ctx.policy.tools.read_max_chars, max_file_bytes=ctx.policy.store.quota_bytes
-        )
-    except PathNotFound as exc:
-        raise expired_or(ctx, args.path, exc) from exc
+    result = read_file(
+        ctx.root, args, max_chars=ctx.policy.tools.read_max_chars, max_file_bytes=ctx.policy.store.quota_bytes
+    )
     return ToolReturn(content=result.text, details=result.model_dump(exclude={"text"}))
 
 
@@ -73,19 +40,13 @@ def _write_file(ctx: ToolContext, args: WriteFileArgs) -> ToolReturn:
 
 
 def _edit_file(ctx: ToolContext, args: EditFileArgs) -> ToolReturn:
-    try:
-        written = edit_file(ctx.root, args, max_bytes=ctx.policy.tools.text_file_max_bytes)
-    except PathNotFound as exc:
-        raise expired_or(ctx, args.path, exc) from exc
+    written = edit_file(ctx.root, args, max_bytes=ctx.policy.tools.text_file_max_bytes)
     return ToolReturn(content=written.message, details=written.model_dump())
 
 
 def _attach_file(ctx: ToolContext, args: AttachFileArgs) -> ToolReturn:
     limits = OutputsLimits.from_policy(ctx.policy.tools)
-    try:
-        made = attach_file(ctx.root, ctx.outputs, args, max_bytes=ctx.policy.tools.attachment_max_bytes, limits=limits)
-    except PathNotFound as exc:
-        raise expired_or(ctx, args.path, exc) from exc
+    made = attach_file(ctx.root, ctx.outputs, args, max_bytes=ctx.policy.tools.attachment_max_bytes, limits=limits)
     try:
         ctx.record_attachment(made)
     except BaseException:
@@ -99,17 +60,14 @@ def _attach_file(ctx: ToolContext, args: AttachFileArgs) -> ToolReturn:
 
 
 def _export_table(ctx: ToolContext, args: ExportTableArgs) -> ToolReturn:
-    try:
-        made = export_table(
-            ctx.root,
-            args,
-            max_source_bytes=ctx.policy.store.read_max_bytes,
-            max_table_file_bytes=ctx.policy.store.quota_bytes,  # streamed: no larger than the folder itself
-            sort_memory_rows=ctx.policy.tools.sort_memory_rows_max,
-            limits=TableLimits.from_policy(ctx.policy.tools),
-        )
-    except PathNotFound as exc:
-        raise expired_or(ctx, args.source, exc) from exc
+    made = export_table(
+        ctx.root,
+        args,
+        max_source_bytes=ctx.policy.store.read_max_bytes,
+        max_table_file_bytes=ctx.policy.store.quota_bytes,  # streamed: no larger than the folder itself
+        sort_memory_rows=ctx.policy.tools.sort_memory_rows_max,
+        limits=TableLimits.from_policy(ctx.policy.tools),
+    )
     descriptor = ResultDescriptor(
         path=made.path,
         format=made.format,
@@ -127,19 +85,16 @@ def _export_table(ctx: ToolContext, args: ExportTableArgs) -> ToolReturn:
 
 
 def _render_table(ctx: ToolContext, args: RenderTableArgs) -> ToolReturn:
-    try:
-        drawn = render_table(
-            ctx.root,
-            args,
-            max_source_bytes=ctx.policy.store.read_max_bytes,
-            max_table_file_bytes=ctx.policy.store.quota_bytes,
-            max_rows=ctx.policy.tools.render_rows_max,
-            max_cell_chars=ctx.policy.tools.render_cell_max_chars,
-            max_chars=ctx.policy.tools.render_max_chars,
-            limits=TableLimits.from_policy(ctx.policy.tools),
-        )
-    except PathNotFound as exc:
-        raise expired_or(ctx, args.source or "", exc) from exc
+    drawn = render_table(
+        ctx.root,
+        args,
+        max_source_bytes=ctx.policy.store.read_max_bytes,
+        max_table_file_bytes=ctx.policy.store.quota_bytes,
+        max_rows=ctx.policy.tools.render_rows_max,
+        max_cell_chars=ctx.policy.tools.render_cell_max_chars,
+        max_chars=ctx.policy.tools.render_max_chars,
+        limits=TableLimits.from_policy(ctx.policy.tools),
+    )
     return ToolReturn(content=drawn.markdown, note=drawn.message, details=drawn.model_dump(exclude={"markdown"}))
 
 
@@ -167,7 +122,7 @@ def builtin_tools(policy: Policy | None = None) -> dict[str, ToolSpec]:
             "run_python",
             RUN_PYTHON_DESCRIPTION,
             RunPythonArgs,
-            _run_python,
+            run_python_tool,
             title="Run Python in the sandbox",
             annotations=_CHANGES,
             long_running=True,

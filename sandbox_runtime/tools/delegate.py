@@ -21,8 +21,8 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from sandbox_runtime.errors import InvalidToolArguments
-from sandbox_runtime.spill.jsonio import loads, nesting_depth, text_nesting_depth
 from sandbox_runtime.store.safe_paths import ResultsRoot
+from sandbox_runtime.tables.jsonio import loads, nesting_depth, text_nesting_depth
 
 __all__ = [
     "DELEGATE_CALL_DESCRIPTION",

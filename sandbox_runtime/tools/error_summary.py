@@ -65,6 +65,14 @@ class FailureSummary:
     library_frame: Frame | None = None
     signal_number: int | None = None
 
+    def exception_message(self, max_chars: int) -> str:
+        """The exception's message without its class name, cut in its middle past ``max_chars``; for no Python
+        exception, the line that says how the run ended."""
+        line = self.exception_line
+        if self.exception_type and line.startswith(self.exception_type):
+            line = line[len(self.exception_type) :].removeprefix(":").strip()
+        return _cut_middle(line, max_chars)
+
 
 @dataclass(slots=True, eq=False)
 class _Block:

@@ -1,7 +1,7 @@
 """``export_table``: a table from the results folder written as CSV or XLSX to ``exports/``, by path.
 
 The rows never pass through the model: the source is a spilled result or any table file in the results folder
-(:func:`~sandbox_runtime.tools.table_source.open_table`). Columns can be chosen, ordered and renamed, the rows
+(:func:`~sandbox_runtime.tables.source.open_table`). Columns can be chosen, ordered and renamed, the rows
 sorted (type-aware, stable, NULLs last, bounded memory) and a row range taken. Filtering and grouping belong in
 SQL (run the query again with WHERE / GROUP BY) and are deliberately not here.
 
@@ -9,8 +9,8 @@ No formula is ever made from data (SECURITY.md): in CSV a text cell that a sprea
 — ``= + - @`` first once leading white space and invisible characters are skipped and full-width forms folded,
 or TAB, CR or LF first — gets a leading apostrophe; XLSX cells are written typed (text always as text,
 XlsxWriter's string conversions off). Both count those cells as guarded; the writers are in
-:mod:`~sandbox_runtime.tools.table_writers`. The source is read within the caps of
-:class:`~sandbox_runtime.tools.table_source.TableLimits` (line, cell, nesting) and sorted within a row and a
+:mod:`~sandbox_runtime.tables.writers`. The source is read within the caps of
+:class:`~sandbox_runtime.tables.source.TableLimits` (line, cell, nesting) and sorted within a row and a
 byte budget, so memory stays bounded whatever the file's shape. The
 file is built in a host temporary folder, then published with
 :meth:`~sandbox_runtime.store.safe_paths.ResultsRoot.create_file` from it in chunks: nothing half-written is
@@ -34,9 +34,9 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from sandbox_runtime.errors import InvalidToolArguments, PathExists, PathNotFound
-from sandbox_runtime.spill.cells import Cell, ColumnType
 from sandbox_runtime.store.safe_paths import ResultsRoot, display_name
-from sandbox_runtime.tools.table_source import (
+from sandbox_runtime.tables.cells import Cell, ColumnType
+from sandbox_runtime.tables.source import (
     TABLE_FILE_SUFFIX,
     TableLimits,
     TableSource,
@@ -45,7 +45,7 @@ from sandbox_runtime.tools.table_source import (
     select_columns,
     sort_rows,
 )
-from sandbox_runtime.tools.table_writers import (
+from sandbox_runtime.tables.writers import (
     XLSX_MAX_COLUMNS,
     XLSX_MAX_DATA_ROWS,
     CellTally,

@@ -22,6 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from sandbox_runtime.errors import InvalidToolArguments, UnsafeFileType
 from sandbox_runtime.store.capped import CappedReader
 from sandbox_runtime.store.safe_paths import ResultsRoot, display_name
+from sandbox_runtime.tables.source import ACCEPTED_FORMATS
 from sandbox_runtime.tools.base import model_arguments
 
 if TYPE_CHECKING:
@@ -41,8 +42,8 @@ READ_FILE_DESCRIPTION = (
     "`offset` is the first line to return (1-based, default 1) and `limit` the most lines to return. "
     "One call returns at most 500,000 characters; a read cut short ends with a marker line saying which lines "
     "were shown and the `offset` to continue from, so page through long files with offset/limit. "
-    "For tables (CSV, Excel, Parquet) prefer export_table or render_table with the path; binary files are "
-    "refused, inspect those with run_python."
+    f"For tables — {ACCEPTED_FORMATS} — prefer export_table or render_table with the path; binary files are "
+    "refused: inspect those, and Excel or Parquet tables, with run_python."
 )
 
 

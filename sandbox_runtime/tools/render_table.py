@@ -11,7 +11,7 @@ It is for showing, not for moving data, and bounds what it returns (it is never 
   no more rows are added (nor read) and a marker after the table names the rows shown and the next step
   (``start`` for the next rows, or ``export_table`` from the path).
 
-The source is read with :func:`~sandbox_runtime.tools.table_source.open_table` within its line, cell and nesting
+The source is read with :func:`~sandbox_runtime.tables.source.open_table` within its line, cell and nesting
 caps (a table file is streamed; reading stops after the range). Cells: ``|`` is escaped, line breaks become
 ``<br>``, NULL is empty, dates are ISO.
 """
@@ -29,9 +29,9 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from sandbox_runtime.errors import InvalidToolArguments
-from sandbox_runtime.spill.cells import Cell, cell
 from sandbox_runtime.store.safe_paths import ResultsRoot, display_name
-from sandbox_runtime.tools.table_source import TableLimits, open_table, select_columns
+from sandbox_runtime.tables.cells import Cell, cell
+from sandbox_runtime.tables.source import TableLimits, open_table, select_columns
 
 __all__ = [
     "DEFAULT_MAX_CELL_CHARS",

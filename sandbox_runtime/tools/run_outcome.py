@@ -14,15 +14,15 @@ gc``, or by hand) is ``error`` with ``removed`` set. :func:`describe_end` words 
 
 from __future__ import annotations
 
-from typing import Literal, NamedTuple
+from typing import NamedTuple
 
+from sandbox_runtime.models import RunStatus
 from sandbox_runtime.policy import Policy
 from sandbox_runtime.sandbox.runs import ExecResult, RunEnd, RunnerVerdict
 from sandbox_runtime.store.quota import QuotaUsage
 
-__all__ = ["RunOutcome", "RunStatus", "describe_end", "run_outcome"]
+__all__ = ["RunOutcome", "describe_end", "run_outcome"]
 
-RunStatus = Literal["ok", "error", "timeout", "memory_limit", "output_limit", "quota_exceeded", "cancelled"]
 _SIGKILL = 9
 # where the engine records no OOM kill, a sandbox that ended with memory use sampled this close to the limit
 # ran out of it

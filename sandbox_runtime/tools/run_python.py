@@ -47,8 +47,8 @@ from sandbox_runtime.sandbox.records import Sandbox
 from sandbox_runtime.sandbox.runs import ExecResult, RunnerVerdict
 from sandbox_runtime.store.quota import QuotaUsage
 from sandbox_runtime.store.safe_paths import ResultsRoot
-from sandbox_runtime.tools.base import ScriptTools, model_arguments
-from sandbox_runtime.tools.run_outcome import RunStatus, run_outcome
+from sandbox_runtime.tools.base import ScriptTools, ToolContext, ToolReturn, model_arguments
+from sandbox_runtime.tools.run_outcome import run_outcome
 from sandbox_runtime.tools.run_result import (
     RunPythonResult,
     create_numbered,
@@ -57,9 +57,16 @@ from sandbox_runtime.tools.run_result import (
     not_saved,
     not_started,
 )
-from sandbox_runtime.tools.script_calls import RunToolCalls
+from sandbox_runtime.tools.script_calls import RunScriptCalls
 
-__all__ = ["InvalidToolArguments", "RunPythonArgs", "RunPythonResult", "RunStatus", "run_python"]
+__all__ = [
+    "RUN_PYTHON_DESCRIPTION",
+    "InvalidToolArguments",
+    "RunPythonArgs",
+    "RunPythonResult",
+    "run_python",
+    "run_python_tool",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -69,6 +76,20 @@ _NO_SPACE = re.compile(r"\[Errno 28\]|No space left on device")
 _NEARLY_FULL_BYTES = 4 * 1024 * 1024
 _LOCK_POLL_S = 0.2  # a cancelled call that waits for its conversation's lock gives up within this
 _TOUCH_AFTER_S = 1.0  # a run this long records its end as the sandbox's last use too
+
+
+RUN_PYTHON_DESCRIPTION = (
+    "Run Python 3 in this conversation's sandbox (standard library plus openpyxl, python-docx and python-pptx; "
+    "no network, no pip). Give `code` for a few lines, or `script_path` for a script saved in the results "
+    "folder (/mnt/results) — edit long scripts there and run them by path instead of retyping them. Files "
+    "written under /mnt/results stay for the conversation. Results over 1,000 characters are saved to a file "
+    "and you get its path: read data from such paths in your script instead of copying values. A failure "
+    "returns the exception line and the path of the full error. A script can call tools itself — use that for "
+    "many calls, bodies taken from files or query rows, or one tool's result reshaped into another's arguments, "
+    "so the data never passes through you: `import sandbox_tools as tools`; `print(tools.list_tools())` names "
+    "those it may call; `r = tools.sql_query(query=...)` gives `r.text`, `r.path` (a saved result's file) and "
+    "`r.rows()`; `tools.some_tool(arg=value)` for each call; a failed or refused call raises `tools.ToolError`."
+)
 
 
 class RunPythonArgs(BaseModel):
@@ -191,7 +212,7 @@ def _run_locked(
         usage = handle.usage()
         return not_saved(usage.used_bytes, usage.limit_bytes)
     request = run_request(policy, timeout_s, (PYTHON, script, *args.args))
-    calls = RunToolCalls(scripts, policy.script_tools, script)
+    calls = RunScriptCalls(scripts, policy.script_tools, script)
     run_control = _exec_control(control, timeout_s)
     sandbox, (result, verdict, end) = handle.run(sandbox, request, run_control, calls, what=f"run {run_number}")
     outcome = run_outcome(policy, result, verdict, end)
@@ -258,3 +279,16 @@ def _quota_breach(handle: SandboxHandle, result: ExecResult) -> QuotaUsage | Non
         return None
     usage = handle.usage()
     return usage if usage.free_bytes <= max(_NEARLY_FULL_BYTES, usage.limit_bytes // 20) else None
+
+
+def run_python_tool(ctx: ToolContext, args: RunPythonArgs) -> ToolReturn:
+    """The ``run_python`` tool as the pipeline calls it: the run, and its result as the model and the host get it."""
+    result = run_python(ctx.sandbox, args, control=ctx.control, scripts=ctx.scripts)
+    return ToolReturn(
+        content=result.stdout,
+        is_error=result.is_error,
+        cancelled=result.status == "cancelled",
+        note=result.message,
+        error_path=result.error_path,
+        details=result.model_dump(exclude={"stdout", "message"}),
+    )

@@ -13,21 +13,56 @@ import logging
 import secrets
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 from sandbox_runtime.errors import PathExists
+from sandbox_runtime.models import RunStatus
 from sandbox_runtime.policy import Policy
 from sandbox_runtime.sandbox.runs import ExecResult, RunnerVerdict
 from sandbox_runtime.store.quota import QuotaUsage
 from sandbox_runtime.store.safe_paths import ResultsRoot
-from sandbox_runtime.tools.error_summary import summarize_failure
-from sandbox_runtime.tools.run_outcome import RunStatus, describe_end
+from sandbox_runtime.tools.error_summary import FailureSummary, summarize_failure
+from sandbox_runtime.tools.run_outcome import describe_end
 
-__all__ = ["RunPythonResult", "create_numbered", "decode", "finish", "not_saved", "not_started"]
+__all__ = ["RunPythonResult", "ScriptError", "create_numbered", "decode", "finish", "not_saved", "not_started"]
 
 logger = logging.getLogger(__name__)
 
 _NOT_STARTED = "Cancelled by the caller before it started: nothing ran."
+
+
+class ScriptError(BaseModel):
+    """How a failed run ended, as fields: the exception and where the user's own script raised it (the result's
+    ``message`` says the same in words, and the error file has the whole traceback)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    type: str | None = Field(
+        description="The exception's class as Python printed it (ZeroDivisionError, json.decoder.JSONDecodeError); "
+        "None when no Python exception ended the run (a signal, a fatal error, an exit code)."
+    )
+    message: str = Field(
+        description="The exception's message, without its class (cut in its middle when long); without an "
+        "exception, the line that says how the run ended."
+    )
+    file: str | None = Field(None, description="The user's own script the exception was raised in (its path).")
+    line: int | None = Field(None, description="The line of that script (its innermost frame in the traceback).")
+    signal: int | None = Field(None, description="The signal that ended the script, when one did.")
+
+    @classmethod
+    def of(cls, summary: FailureSummary, max_chars: int) -> ScriptError | None:
+        """The fields of a failure's summary; None when the run left nothing more to say than its exit code (no
+        stderr, no signal)."""
+        if not summary.exception_line:
+            return None
+        frame = summary.user_frame
+        return cls(
+            type=summary.exception_type,
+            message=summary.exception_message(max_chars),
+            file=None if frame is None else frame.file,
+            line=None if frame is None else frame.line,
+            signal=summary.signal_number,
+        )
 
 
 class RunPythonResult(BaseModel):
@@ -49,6 +84,7 @@ class RunPythonResult(BaseModel):
     stderr_bytes: int
     used_bytes: int | None = None
     limit_bytes: int | None = None
+    error: ScriptError | None = None  # a failure's exception and where the user's script raised it
     tool_calls: int = 0  # calls the script made with sandbox_tools that reached the pipeline
     tool_calls_failed: int = 0  # of those, the ones that failed or were denied
 
@@ -195,6 +231,7 @@ def finish(
         message=message,
         error_path=error_path,
         output_path=output_path,
+        error=ScriptError.of(summary, policy.run.error_message_max_chars),
         **base,
         **extra,
     )

@@ -28,7 +28,7 @@ from typing import Any
 from sandbox_runtime.policy import ScriptToolsPolicy
 from sandbox_runtime.tools.base import ScriptTools, ToolSpec
 
-__all__ = ["RunToolCalls"]
+__all__ = ["RunScriptCalls"]
 
 logger = logging.getLogger(__name__)
 
@@ -36,11 +36,11 @@ _ENVELOPE_BYTES = 4096  # the request around the arguments: id, op, the tool's n
 _RUN_PYTHON = "run_python"
 
 
-class RunToolCalls:
+class RunScriptCalls:
     """Answers the tool calls of one run (a :class:`~sandbox_runtime.sandbox.backend.ScriptCalls`)."""
 
-    def __init__(self, access: ScriptTools | None, policy: ScriptToolsPolicy, source: str) -> None:
-        self._access = access
+    def __init__(self, scripts: ScriptTools | None, policy: ScriptToolsPolicy, source: str) -> None:
+        self._scripts = scripts
         self._policy = policy
         self._source = source
         self.made = 0  # calls that reached the pipeline
@@ -90,7 +90,7 @@ class RunToolCalls:
             return self._refuse(number, "invalid_arguments", "a call names its tool (a string)")
         if not isinstance(arguments, dict):
             return self._refuse(number, "invalid_arguments", f"the arguments of {tool} are not a JSON object")
-        if self._access is None:
+        if self._scripts is None:
             return {
                 "id": number,
                 "ok": False,
@@ -105,7 +105,7 @@ class RunToolCalls:
         self.made += 1
         began = time.monotonic()
         try:
-            result = self._access.call(tool, arguments, self.made, self._source)
+            result = self._scripts.call(tool, arguments, self.made, self._source)
         except Exception as exc:  # an infrastructure failure: the script reads it; the run goes on
             logger.warning("a script's call of %s failed in the runtime: %s", tool, exc)
             self.failed += 1
@@ -162,12 +162,12 @@ class RunToolCalls:
         return None
 
     def _allowed(self) -> dict[str, ToolSpec]:
-        if self._access is None:
+        if self._scripts is None:
             return {}
         patterns = self._policy.allowed
         return {
             name: spec
-            for name, spec in self._access.specs().items()
+            for name, spec in self._scripts.specs().items()
             if name != _RUN_PYTHON and any(fnmatch.fnmatchcase(name, pattern) for pattern in patterns)
         }
 

@@ -23,8 +23,8 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from sandbox_runtime.spill.cells import Cell, ColumnType, clean_column, coerce, text_cell
-from sandbox_runtime.spill.jsonio import dumps_compact, dumps_lines, loads
+from sandbox_runtime.tables.cells import Cell, ColumnType, clean_column, coerce, text_cell
+from sandbox_runtime.tables.jsonio import dumps_compact, dumps_lines, loads
 
 __all__ = [
     "TABLE_FORMAT",

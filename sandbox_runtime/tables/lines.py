@@ -25,8 +25,8 @@ from typing import Any
 
 from sandbox_runtime.errors import BadTableFile, FileTooLarge
 from sandbox_runtime.policy import ToolsPolicy
-from sandbox_runtime.spill.cells import Cell, ColumnType, cell
-from sandbox_runtime.spill.jsonio import nesting_depth
+from sandbox_runtime.tables.cells import Cell, ColumnType, cell
+from sandbox_runtime.tables.jsonio import nesting_depth
 
 __all__ = ["LineReader", "TableLimits", "TableSource", "check_cells"]
 

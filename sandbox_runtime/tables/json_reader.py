@@ -4,7 +4,7 @@
 The file is read whole — at most ``store.read_max_bytes`` (64 MiB by default) — into one buffer, which stays the
 only large thing in memory: its rows are found in the bytes by a scanner (one regular expression matches a run of
 up to 1,024 flat rows at C speed; nested rows are walked token by token) and decoded a run at a time (about
-1 MiB, or one row), once to type the columns (:class:`~sandbox_runtime.spill.cells.ColumnTyper`) and once more
+1 MiB, or one row), once to type the columns (:class:`~sandbox_runtime.tables.cells.ColumnTyper`) and once more
 to yield them. Peak memory is the file's bytes plus one run of rows as Python objects, about 1x the file plus a
 few MiB; a parse into Python objects at once costs 10-20x the text (more for tiny rows: over 1 GB for 64 MiB).
 
@@ -27,9 +27,9 @@ from typing import Any
 import msgspec
 
 from sandbox_runtime.errors import BadTableFile, InvalidToolArguments
-from sandbox_runtime.spill.cells import Cell, ColumnType, ColumnTyper, as_cells, finish_column
-from sandbox_runtime.spill.tables import Table, recognise_table, unique_names
-from sandbox_runtime.tools.table_lines import TableLimits, TableSource
+from sandbox_runtime.tables.cells import Cell, ColumnType, ColumnTyper, as_cells, finish_column
+from sandbox_runtime.tables.lines import TableLimits, TableSource
+from sandbox_runtime.tables.table import Table, recognise_table, unique_names
 
 __all__ = ["LITERAL_MAX_BYTES", "RECORD_KEYS_MAX", "json_table"]
 

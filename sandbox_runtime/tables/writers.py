@@ -33,7 +33,7 @@ from typing import IO, Any, Literal, Protocol
 import xlsxwriter  # type: ignore[import-untyped]  # XlsxWriter ships no py.typed marker
 
 from sandbox_runtime.errors import InvalidToolArguments
-from sandbox_runtime.spill.cells import Cell, cell
+from sandbox_runtime.tables.cells import Cell, cell
 
 __all__ = [
     "XLSX_MAX_COLUMNS",

@@ -29,7 +29,7 @@ from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from typing import IO, Any
 
-from sandbox_runtime.spill.cells import Cell
+from sandbox_runtime.tables.cells import Cell
 
 __all__ = ["RUN_MAX_BYTES", "SortedRows", "sort_key", "sort_rows"]
 

@@ -1,4 +1,4 @@
-"""JSON on the spill's hot path: msgspec parses, orjson writes, the standard library takes what they refuse.
+"""Fast JSON for table files and the spill: msgspec parses, orjson writes, the standard library takes what they refuse.
 
 Both are several times faster than ``json``, but refuse some values it takes: lone surrogates, NaN literals and
 numbers out of range in input; integers beyond 64 bits, non-string keys and nesting deeper than 1,024 levels in

@@ -5,7 +5,7 @@ A column's type is the type of its non-NULL values — ``integer``, ``number``, 
 making ``datetime``; any other mix is ``string``. Text cells (CSV, Markdown) are parsed: empty and NULL are NULL,
 numbers are numbers, codes with leading zeros stay text. Whole columns are checked at once where the values allow
 (``map`` over C functions), which keeps a megabyte of records to a few milliseconds. :class:`ColumnTyper` finds
-the same type batch by batch, for readers that never hold a column whole (the table readers of the tools).
+the same type batch by batch, for readers that never hold a column whole (the streaming table readers).
 """
 
 from __future__ import annotations

@@ -1,9 +1,9 @@
 """CSV, TSV and Markdown tables streamed from a file the sandbox wrote: typed in one pass, read in a second.
 
-Recognised as :func:`~sandbox_runtime.spill.tables.recognise_table` recognises text (a Markdown table when the
+Recognised as :func:`~sandbox_runtime.tables.table.recognise_table` recognises text (a Markdown table when the
 first two non-blank lines are a ``|`` header and its rule; else TSV, then CSV, with a header line of at least two
-columns and rows all as wide), and typed the same way (:class:`~sandbox_runtime.spill.cells.ColumnTyper` gives
-the types :func:`~sandbox_runtime.spill.cells.clean_column` would). Nothing is read whole: the first pass keeps
+columns and rows all as wide), and typed the same way (:class:`~sandbox_runtime.tables.cells.ColumnTyper` gives
+the types :func:`~sandbox_runtime.tables.cells.clean_column` would). Nothing is read whole: the first pass keeps
 one batch of rows (1,024 rows or 1 MiB of the file) to type the columns, the second yields one row at a time.
 Blank lines, and lines of spaces only, are skipped.
 
@@ -21,9 +21,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from sandbox_runtime.errors import BadTableFile, InvalidToolArguments
-from sandbox_runtime.spill.cells import Cell, ColumnType, ColumnTyper, coerce, text_cell
-from sandbox_runtime.spill.tables import markdown_cells, markdown_rule, unique_names
-from sandbox_runtime.tools.table_lines import LineReader, TableLimits, TableSource
+from sandbox_runtime.tables.cells import Cell, ColumnType, ColumnTyper, coerce, text_cell
+from sandbox_runtime.tables.lines import LineReader, TableLimits, TableSource
+from sandbox_runtime.tables.table import markdown_cells, markdown_rule, unique_names
 
 __all__ = ["text_table"]
 

@@ -15,18 +15,22 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from sandbox_runtime.control import CallControl
-from sandbox_runtime.models import ToolCall
+from sandbox_runtime.models import CallFailure, ToolCall
 from sandbox_runtime.pipeline.approval import Approver
 from sandbox_runtime.tools.base import ScriptCallOutcome, ScriptFailure, ToolContext, ToolSpec
 
 if TYPE_CHECKING:
     from sandbox_runtime.pipeline.dispatch import Dispatcher
 
-__all__ = ["ScriptAccess", "script_call_id"]
+__all__ = ["PipelineScriptTools", "script_call_id"]
 
 _CALL_ID_MAX_CHARS = 200
 _RUN_PYTHON = "run_python"
-_DENIED = "Denied: "
+# why a call failed, as a script's ToolError says it (every other failure is "failed")
+_SCRIPT_FAILURES: dict[CallFailure | None, ScriptFailure] = {
+    "denied": "denied",
+    "invalid_arguments": "invalid_arguments",
+}
 
 
 def script_call_id(parent_call_id: str, number: int) -> str:
@@ -38,8 +42,9 @@ def script_call_id(parent_call_id: str, number: int) -> str:
     return f"{digest}/{number}"
 
 
-class ScriptAccess:
-    """The tool calls of the run of one ``run_python`` call (see the module text)."""
+class PipelineScriptTools:
+    """:class:`~sandbox_runtime.tools.base.ScriptTools` for the run of one ``run_python`` call: its calls go
+    through the dispatcher (see the module text)."""
 
     def __init__(
         self,
@@ -62,20 +67,16 @@ class ScriptAccess:
     def call(self, tool: str, arguments: dict[str, Any], number: int, source: str) -> ScriptCallOutcome:
         item = ToolCall(tool=tool, arguments=arguments, call_id=script_call_id(self._parent, number))
         dispatcher, conversation = self._dispatcher, self._conversation_id
-        prepared = dispatcher.prepare(
+        call = dispatcher.prepare(
             conversation,
             item,
             approver=self._approver,
             control=self._control,
             made_by=(_RUN_PYTHON, source),
             context=self._run_context,  # its folders are held already: not claimed again per call (each call
-            # gets its own id, control and script access from the pipeline)
+            # gets its own id, control and script tools from the pipeline)
         )
-        outcome = dispatcher.settle(conversation, [prepared], made_by=self._parent).outcomes[0]
-        failure: ScriptFailure | None = None
-        if outcome.is_error:
-            ran = prepared.ran
-            denied = ran.denied if ran is not None else outcome.text.startswith(_DENIED)
-            invalid = "InvalidToolArguments: " in outcome.text[:200]
-            failure = "denied" if denied else "invalid_arguments" if invalid else "failed"
+        outcome = dispatcher.settle(conversation, [call], made_by=self._parent).outcomes[0]
+        why = call.stored.failure if call.stored is not None else call.failure  # a replay: as it was decided
+        failure = _SCRIPT_FAILURES.get(why, "failed") if outcome.is_error else None
         return ScriptCallOutcome(outcome=outcome, failure=failure)

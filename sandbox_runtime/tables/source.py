@@ -5,12 +5,12 @@
 * a table file (``*.table.jsonl``, how spilled tables are written): streamed line by line from the descriptor
   :meth:`~sandbox_runtime.store.safe_paths.ResultsRoot.open_regular` opened, up to ``max_stream_bytes``;
 * CSV, TSV and Markdown text: streamed the same way, twice (types first, then rows;
-  :mod:`~sandbox_runtime.tools.table_text`);
+  :mod:`~sandbox_runtime.tables.text_reader`);
 * a JSON array of objects or a ``{columns, rows}`` object: read whole, at most ``max_bytes``
   (``store.read_max_bytes``), and its rows decoded one at a time from the bytes
-  (:mod:`~sandbox_runtime.tools.table_json`): about 1x the file in memory.
+  (:mod:`~sandbox_runtime.tables.json_reader`): about 1x the file in memory.
 
-Every reader keeps the caps of :class:`~sandbox_runtime.tools.table_lines.TableLimits` — a line (a row) of at
+Every reader keeps the caps of :class:`~sandbox_runtime.tables.lines.TableLimits` — a line (a row) of at
 most ``tools.table_line_max_bytes``, a cell of at most ``tools.table_cell_max_chars``, nesting of at most
 ``tools.json_nesting_max`` — so its peak memory is at most about 4x the line cap whatever the file's shape (a
 whole-read JSON file adds its own bytes, at most ``store.read_max_bytes``), and a file
@@ -18,7 +18,7 @@ past a cap, or a corrupt table file, is a :class:`~sandbox_runtime.errors.BadTab
 cap. A file that is not a table at all is an :class:`~sandbox_runtime.errors.InvalidToolArguments` naming the
 accepted formats. Lines are read with :meth:`io.BufferedReader.readline` given a limit, never unbounded.
 
-Sorting lives in :mod:`~sandbox_runtime.tools.table_sort` (``sort_rows`` and ``sort_key`` are re-exported).
+Sorting lives in :mod:`~sandbox_runtime.tables.sort` (``sort_rows`` and ``sort_key`` are re-exported).
 """
 
 from __future__ import annotations
@@ -36,13 +36,13 @@ from typing import get_args
 import msgspec
 
 from sandbox_runtime.errors import BadTableFile, FileTooLarge, InvalidToolArguments
-from sandbox_runtime.spill.cells import Cell, ColumnType, coerce
-from sandbox_runtime.spill.tables import TABLE_FORMAT
 from sandbox_runtime.store.safe_paths import ResultsRoot, display_name
-from sandbox_runtime.tools.table_json import json_table
-from sandbox_runtime.tools.table_lines import LineReader, TableLimits, TableSource, check_cells
-from sandbox_runtime.tools.table_sort import SortedRows, sort_key, sort_rows
-from sandbox_runtime.tools.table_text import text_table
+from sandbox_runtime.tables.cells import Cell, ColumnType, coerce
+from sandbox_runtime.tables.json_reader import json_table
+from sandbox_runtime.tables.lines import LineReader, TableLimits, TableSource, check_cells
+from sandbox_runtime.tables.sort import SortedRows, sort_key, sort_rows
+from sandbox_runtime.tables.table import TABLE_FORMAT
+from sandbox_runtime.tables.text_reader import text_table
 
 __all__ = [
     "ACCEPTED_FORMATS",
@@ -183,7 +183,7 @@ def _count_lines(fd: int, max_bytes: int, shown: str) -> int:
 
 
 def _utf8(raw: bytes, number: int, shown: str) -> str:
-    # surrogatepass: table files keep lone surrogates of their source that way (spill.tables writes them so)
+    # surrogatepass: table files keep lone surrogates of their source that way (tables.table writes them so)
     try:
         return raw.decode("utf-8", "surrogatepass")
     except UnicodeDecodeError as exc:
