@@ -13,10 +13,10 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from sandbox_runtime import ToolCall
+from sandbox_runtime import CallControl, ToolCall
 from sandbox_runtime.policy import policy_from_mapping
 from sandbox_runtime.store.quota import attached_loop_images
-from tests.conftest import RuntimeFactory
+from tests.conftest import SESSION, TEST_LABEL, RuntimeFactory
 
 WAIT_S = 60.0
 OBJECT: dict[str, Any] = {"type": "object"}
@@ -165,3 +165,85 @@ def test_many_conversations_starting_at_once_each_get_their_own_sandbox_and_one_
         assert (folders.results / "note.txt").read_text() == name
         if folders.quota_mode == "loop":
             assert len(attached_loop_images().get(os.path.realpath(folders.volume), [])) == 1
+
+
+SPAN_SCRIPT = """
+import time
+with open('/mnt/results/spans.txt', 'a') as spans:
+    spans.write('start\\n')
+time.sleep(0.8)
+with open('/mnt/results/spans.txt', 'a') as spans:
+    spans.write('end\\n')
+"""
+OTHER_PROCESS = """
+import sys
+from sandbox_runtime.api.runtime import Runtime
+state, image, label, value, script = sys.argv[1:6]
+with Runtime(state, image=image, extra_labels={label: value}, reap_interval_s=None, retention_interval_s=None) as rt:
+    conversation = rt.conversation("shared")
+    print("ready", flush=True)
+    sys.stdin.readline()
+    for _ in range(3):
+        print(conversation.run_python(script).status, flush=True)
+"""
+
+
+def test_two_processes_run_one_conversations_code_one_run_at_a_time(
+    runtime_factory: RuntimeFactory, executor_image: str, tmp_path: Path
+) -> None:
+    """Two processes on one state folder (two Python API hosts, or two serve replicas) using one conversation:
+    its runs never overlap, so neither ends the other's run, and every run finishes."""
+    state = tmp_path / "state"
+    runtime = runtime_factory(state_dir=state)
+    conversation = runtime.conversation("shared")
+    assert conversation.run_python("print('started')").status == "ok"
+    other = subprocess.Popen(
+        [sys.executable, "-c", OTHER_PROCESS, str(state), executor_image, TEST_LABEL, SESSION, SPAN_SCRIPT],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert other.stdout is not None
+    ready, _, _ = select.select([other.stdout], [], [], WAIT_S)
+    assert ready, "the other process did not start"
+    assert other.stdout.readline() == "ready\n"
+    statuses = []
+    try:
+        assert other.stdin is not None
+        other.stdin.write("go\n")
+        other.stdin.flush()
+        statuses = [conversation.run_python(SPAN_SCRIPT).status for _ in range(3)]
+        theirs, _ = other.communicate(timeout=WAIT_S)
+    finally:
+        if other.poll() is None:
+            other.kill()
+            other.wait(WAIT_S)
+    assert statuses == ["ok"] * 3
+    assert theirs.split() == ["ok"] * 3
+    spans = (conversation.folders.results / "spans.txt").read_text().split()
+    assert spans == ["start", "end"] * 6  # one run at a time: never two starts in a row
+
+
+def test_a_run_waits_while_another_process_runs_in_its_conversation_and_a_cancel_ends_the_wait(
+    fake_runtime_factory: RuntimeFactory,
+) -> None:
+    runtime = fake_runtime_factory()
+    conversation = runtime.conversation("busy")
+    assert conversation.run_python("print('first')").status == "ok"
+    holder = _hold_lock_elsewhere(runtime.state_dir / "locks" / "busy.run.lock")  # another process's run
+    outcomes = []
+    try:
+        control = CallControl()
+        waiting = threading.Thread(
+            target=lambda: outcomes.append(conversation.call("run_python", {"code": "print('late')"}, control=control))
+        )
+        waiting.start()
+        control.cancel()  # it cannot have started: the other process holds the conversation's runs
+        waiting.join(WAIT_S)
+        assert not waiting.is_alive()
+        assert conversation.call("write_file", {"path": "note.txt", "content": "not held up"}).is_error is False
+    finally:
+        holder.communicate("\n", timeout=WAIT_S)
+    [cancelled] = outcomes
+    assert "Cancelled by the caller before it started" in cancelled.text
+    assert conversation.run_python("print('then it ran')").stdout == "then it ran\n"

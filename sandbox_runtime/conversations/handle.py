@@ -5,13 +5,13 @@ not the services behind it: no tool sees the backend."""
 from __future__ import annotations
 
 import logging
-import threading
 from typing import TYPE_CHECKING
 
 from sandbox_runtime.control import CallControl
 from sandbox_runtime.errors import EngineLost, SandboxGone
 from sandbox_runtime.policy import Policy
 from sandbox_runtime.sandbox.backend import RunRequest, ScriptCalls
+from sandbox_runtime.sandbox.holds import RunLock
 from sandbox_runtime.sandbox.records import Sandbox
 from sandbox_runtime.sandbox.runs import RunResult
 from sandbox_runtime.store.folders import ConversationFolders
@@ -39,9 +39,10 @@ class SandboxHandle:
     def policy(self) -> Policy:
         return self._service.policy
 
-    def lock(self) -> threading.RLock:
-        """The conversation's lock: hold it from the start of a run to its end."""
-        return self._service.lock(self.conversation_id)
+    def lock(self) -> RunLock:
+        """The conversation's run lock, in this process and across the processes of its state directory: hold it
+        from the start of a run to its end."""
+        return self._service.run_lock(self.conversation_id)
 
     def root(self) -> ResultsRoot:
         """The results folder, for safe reads and writes beneath it."""

@@ -29,7 +29,7 @@ from sandbox_runtime.errors import QuotaError, SandboxError
 from sandbox_runtime.policy import Policy
 from sandbox_runtime.sandbox.backend import SandboxBackend
 from sandbox_runtime.sandbox.canary import CANARY_CONVERSATION
-from sandbox_runtime.sandbox.holds import LABEL_LEASE, ConversationLocks, HostLocks
+from sandbox_runtime.sandbox.holds import LABEL_LEASE, ConversationLocks, HostLocks, RunLock
 from sandbox_runtime.sandbox.manager import SandboxManager
 from sandbox_runtime.sandbox.pool import WarmPool
 from sandbox_runtime.sandbox.profile import LABEL_POOL_SLOT, LABEL_RUNTIME, LABEL_STATE_DIR, PYTHON, run_request
@@ -93,6 +93,11 @@ class ConversationService:
     def lock(self, conversation_id: str) -> threading.RLock:
         """The lock that serialises everything done in one conversation's sandbox, in this process."""
         return self.manager.lock(conversation_id)
+
+    def run_lock(self, conversation_id: str) -> RunLock:
+        """The lock a run holds from its start to its end: :meth:`lock`, and the conversation's run lock across
+        the processes that share the state directory (two processes never run in one sandbox at once)."""
+        return RunLock(self.lock(conversation_id), self.manager.host_lock.run_file(conversation_id))
 
     # folders -------------------------------------------------------------------------------------------
     def folders(self, conversation_id: str, *, use: bool = True) -> ConversationFolders:

@@ -34,7 +34,7 @@ from __future__ import annotations
 import errno
 import logging
 import re
-import threading
+from typing import Protocol
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -164,7 +164,15 @@ def run_python(
         lock.release()  # as soon as the run has ended: the conversation's next call starts at once
 
 
-def _acquire(lock: threading.RLock, control: CallControl | None) -> bool:
+class _Lock(Protocol):
+    """The conversation's run lock (its handle's): taken as a ``threading.RLock`` is."""
+
+    def acquire(self, blocking: bool = True, timeout: float = -1) -> bool: ...
+
+    def release(self) -> None: ...
+
+
+def _acquire(lock: _Lock, control: CallControl | None) -> bool:
     """Take the conversation's lock; False (and not held) when the call is cancelled before it got it."""
     if control is None:
         lock.acquire()
