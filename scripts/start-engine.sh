@@ -21,8 +21,9 @@ start_dockerd() {
     as_root rm -f /var/run/docker.pid
   fi
   log "starting dockerd (no default bridge, no iptables)"
+  # in / (env -C): a daemon must not hold the folder it was started from (a clone that is removed later)
   as_root mkdir -p /var/log
-  as_root setsid nohup dockerd --config-file /etc/sandbox-runtime/dockerd.json --bridge=none --iptables=false \
+  as_root setsid nohup env -C / dockerd --config-file /etc/sandbox-runtime/dockerd.json --bridge=none --iptables=false \
     >>/var/log/sandbox-runtime-dockerd.log 2>&1 </dev/null &
 }
 # a dockerd that does not answer may be one on its way out (just stopped): once it is gone, ours starts

@@ -27,8 +27,9 @@ default_ulimits = ["nofile=4096:4096", "nproc=1024:1024"]
 log_driver = "k8s-file"
 CONF
 log "starting podman system service on $socket"
+# in / (env -C): a service must not hold the folder it was started from (a clone that is removed later)
 rm -f "$socket"
-CONTAINERS_CONF="$conf_dir/containers.conf" setsid nohup podman system service --time=0 "unix://$socket" \
+CONTAINERS_CONF="$conf_dir/containers.conf" setsid nohup env -C / podman system service --time=0 "unix://$socket" \
   >>"$log_file" 2>&1 </dev/null &
 echo $! >"$run_dir/sandbox-runtime-podman.pid"
 for _ in $(seq 1 60); do

@@ -117,14 +117,10 @@ def podman_image(podman_backend: PodmanBackend) -> str:
     return _image_on(podman_backend)
 
 
-# the built-in policies that put the same test on each real engine: parametrise ``engine_policy`` with these
-ENGINE_POLICIES = [pytest.param("default", id="docker"), pytest.param("podman", id="podman", marks=pytest.mark.podman)]
-
-
 @pytest.fixture
 def engine_policy() -> str:
     """The built-in policy a test's runtimes (and the ``serve`` it starts) use when it names none: Docker's default.
-    A test that must pass on every engine is parametrised with :data:`ENGINE_POLICIES` instead."""
+    A test that must pass on every backend is parametrised with :data:`EVERY_BACKEND_POLICIES` instead."""
     return "default"
 
 

@@ -111,9 +111,9 @@ class Runtime:
         try:
             self.backend = make_backend(self.policy.sandbox) if backend is None else backend
             if image is None:
-                from sandbox_runtime.sandbox.image import executor_image_tag  # noqa: PLC0415  (a host's own backend needs no image code)
+                from sandbox_runtime.sandbox.image import sandbox_image  # noqa: PLC0415  (a host's own backend needs no image code)
 
-                image = self.policy.sandbox.image or executor_image_tag()
+                image = sandbox_image(self.policy.sandbox)
             self.store = ConversationStore(self.state_dir, self.policy)
             self.conversations = ConversationService(
                 self.backend, self.policy, self.store, self.state, image, extra_labels=extra_labels

@@ -12,7 +12,7 @@ import tempfile
 from pathlib import Path
 
 from sandbox_runtime.policy import load_policy
-from sandbox_runtime.sandbox.image import executor_image_tag
+from sandbox_runtime.sandbox.image import sandbox_image
 from sandbox_runtime.sandbox.kubernetes.manifests import (
     agent_sandbox_manifests,
     left_to_the_cluster,
@@ -69,7 +69,7 @@ def cmd_kube_check(args: argparse.Namespace) -> int:
                 os.chown(results, policy.sandbox.uid, policy.sandbox.gid)
             else:
                 results.chmod(0o777)  # the sandbox's uid writes its probe file there
-            image = args.image or policy.sandbox.image or executor_image_tag()
+            image = args.image or sandbox_image(policy.sandbox)
             report = play_and_probe(backend, policy, image=image, results_folder=str(results), labels=dict(args.label))
     finally:
         backend.close()
@@ -95,7 +95,7 @@ def cmd_kube_manifests(args: argparse.Namespace) -> int:
 
     policy = load_policy(args.policy)
     conversation = validate_conversation_id(args.conversation)
-    image = args.image or policy.sandbox.image or executor_image_tag()
+    image = args.image or sandbox_image(policy.sandbox)
     labels = {
         **dict(args.label),
         LABEL_RUNTIME: "1",

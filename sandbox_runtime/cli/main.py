@@ -1,8 +1,7 @@
 """``sandbox-runtime``: doctor, image build, serve, demo, gc, ls, kube manifests.
 
-Exit codes: 0 success; 1 a check failed or the work did not succeed; 2 bad usage or configuration
-(policy, conversation id, serve's flags, serve without the mcp extra); 3 the engine (Docker, Podman) or the
-executor image is not available. ``python -m sandbox_runtime`` is the same command.
+Exit codes: :data:`EXIT_CODES` (2 also for serve's flags and for serve without the mcp extra; 3 for Docker and
+Podman alike). ``python -m sandbox_runtime`` is the same command.
 """
 
 from __future__ import annotations

@@ -28,6 +28,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict
 
 from sandbox_runtime.errors import ImageError
+from sandbox_runtime.policy import SandboxPolicy
 from sandbox_runtime.sandbox.backend import ImageBuilder, ProgressCallback
 
 __all__ = [
@@ -36,6 +37,7 @@ __all__ = [
     "build_executor_image",
     "default_cache_dir",
     "executor_image_tag",
+    "sandbox_image",
 ]
 
 logger = logging.getLogger(__name__)
@@ -83,6 +85,11 @@ def executor_image_tag() -> str:
     for name in _IMAGE_FILES:
         digest.update(name.encode() + b"\0" + (folder / name).read_bytes() + b"\0")
     return f"{IMAGE_REPOSITORY}:{digest.hexdigest()[:16]}"
+
+
+def sandbox_image(policy: SandboxPolicy) -> str:
+    """The image sandboxes run: the policy's ``sandbox.image``, else the locally built one (its content tag)."""
+    return policy.image or executor_image_tag()
 
 
 def default_cache_dir(environment: Mapping[str, str] | None = None) -> Path:

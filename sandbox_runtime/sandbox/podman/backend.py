@@ -109,17 +109,22 @@ class PodmanBackend(DockerBackend):
                 f"its service's default runtime ({default_runtime}; containers/podman#28429): use backend "
                 f'"docker" for {spec.runtime}, or a Podman service whose default runtime is {spec.runtime}'
             )
-        with self._engine("create sandbox container"):
-            response = self._api.post(
-                f"{self._api.base_url}/{_LIBPOD_API}/libpod/containers/create",
-                json=spec_generator(spec),
-                timeout=self._knock_timeout_s,
-            )
-        if response.status_code != _CREATED:
-            refused = ImageError if response.status_code == _NOT_FOUND else SandboxError
-            raise refused(f"create sandbox container: {self.words.name} refused: {_message(response)}")
-        created = response.json()
+        created = self._libpod(
+            "create sandbox container", "post", "containers/create", (_CREATED,), json=spec_generator(spec)
+        ).json()
         return self._started(str(created["Id"]), tuple(str(w) for w in created.get("Warnings") or ()))
+
+    def _libpod(self, action: str, method: str, path: str, ok: tuple[int, ...], **options: Any) -> requests.Response:
+        """One call of Podman's native API (``/libpod/<path>``), errors mapped: an answer not in ``ok`` raises
+        (an image it does not have: :class:`ImageError`)."""
+        with self._engine(action):
+            response = self._api.request(
+                method, f"{self._api.base_url}/{_LIBPOD_API}/libpod/{path}", timeout=self._knock_timeout_s, **options
+            )
+        if response.status_code not in ok:
+            refused = ImageError if response.status_code == _NOT_FOUND else SandboxError
+            raise refused(f"{action}: {self.words.name} refused: {_message(response)}")
+        return response
 
     def import_rootfs(self, tar_path: str, reference: str, progress: ProgressCallback) -> None:
         progress(f"importing {Path(tar_path).stat().st_size:,} bytes as {reference}")
@@ -130,26 +135,19 @@ class PodmanBackend(DockerBackend):
     def play_kube(self, manifest_yaml: str) -> list[str]:
         """Run a Pod manifest as ``podman kube play`` does, with no network of its own (only ``lo``): the ids of
         its containers (the pod's infrastructure container left out)."""
-        with self._engine("play a pod manifest"):
-            response = self._api.post(
-                f"{self._api.base_url}/{_LIBPOD_API}/libpod/play/kube",
-                params={"network": "none"},
-                data=manifest_yaml.encode(),
-                headers={"Content-Type": "application/yaml"},
-                timeout=self._knock_timeout_s,
-            )
-        if response.status_code != _OK:
-            raise SandboxError(f"play a pod manifest: {self.words.name} refused: {_message(response)}")
-        played = response.json()
+        played = self._libpod(
+            "play a pod manifest",
+            "post",
+            "play/kube",
+            (_OK,),
+            params={"network": "none"},
+            data=manifest_yaml.encode(),
+            headers={"Content-Type": "application/yaml"},
+        ).json()
         return [str(container) for pod in played.get("Pods") or () for container in pod.get("Containers") or ()]
 
     def remove_pod(self, name: str) -> None:
         """Kill and remove a pod and its containers; no error when it is already gone."""
-        with self._engine("remove a pod"):
-            response = self._api.delete(
-                f"{self._api.base_url}/{_LIBPOD_API}/libpod/pods/{name}",
-                params={"force": "true", "timeout": "0"},
-                timeout=self._knock_timeout_s,
-            )
-        if response.status_code not in (_OK, _NOT_FOUND):
-            raise SandboxError(f"remove pod {name}: {self.words.name} refused: {_message(response)}")
+        self._libpod(
+            f"remove pod {name}", "delete", f"pods/{name}", (_OK, _NOT_FOUND), params={"force": "true", "timeout": "0"}
+        )
