@@ -12,17 +12,15 @@ from __future__ import annotations
 
 import os
 import socket
-import sqlite3
 import time
 import uuid
-from collections.abc import Callable
-from contextlib import AbstractContextManager
 
 from pydantic import BaseModel, ConfigDict
 
 from sandbox_runtime.processes import pid_exists, process_start
+from sandbox_runtime.state.engine import StateEngine
 
-__all__ = ["HoldRecord", "LeaseRecord", "Leases", "lease_is_alive"]
+__all__ = ["LEASE_TABLES", "HoldRecord", "LeaseRecord", "Leases", "lease_is_alive"]
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS leases (
@@ -44,6 +42,7 @@ CREATE TABLE IF NOT EXISTS holds (
 );
 CREATE INDEX IF NOT EXISTS holds_by_conversation ON holds(conversation_id);
 """
+LEASE_TABLES = tuple(statement.strip() for statement in _SCHEMA.split(";") if statement.strip())
 
 
 class LeaseRecord(BaseModel):
@@ -85,17 +84,10 @@ def lease_is_alive(lease: LeaseRecord, host: str | None = None) -> bool:
 
 
 class Leases:
-    """The leases and holds of one state database, through its (per-thread) connection and transactions; creates
-    the tables when they are missing."""
+    """The leases and holds of one state database (its tables are made with the schema: ``LEASE_TABLES``)."""
 
-    def __init__(
-        self,
-        connect: Callable[[], sqlite3.Connection],
-        transaction: Callable[[], AbstractContextManager[sqlite3.Connection]],
-    ) -> None:
-        self._connect = connect
-        self._transaction = transaction
-        connect().executescript(_SCHEMA)
+    def __init__(self, engine: StateEngine) -> None:
+        self._engine = engine
 
     def open(self, policy_digest: str, *, pid: int | None = None) -> LeaseRecord:
         """Register a runtime process (this one unless ``pid`` is given)."""
@@ -108,10 +100,11 @@ class Leases:
             started_at=time.time(),
             policy_digest=policy_digest,
         )
-        self._connect().execute(
-            "INSERT INTO leases(id, pid, process_start, host, started_at, policy_digest) VALUES (?, ?, ?, ?, ?, ?)",
-            (lease.id, lease.pid, lease.process_start, lease.host, lease.started_at, lease.policy_digest),
-        )
+        with self._engine.statements() as db:
+            db.run(
+                "INSERT INTO leases(id, pid, process_start, host, started_at, policy_digest) VALUES (?, ?, ?, ?, ?, ?)",
+                (lease.id, lease.pid, lease.process_start, lease.host, lease.started_at, lease.policy_digest),
+            )
         return lease
 
     def close(self, lease_id: str) -> None:
@@ -119,16 +112,17 @@ class Leases:
         self._drop([lease_id])
 
     def _drop(self, lease_ids: list[str]) -> None:
-        with self._transaction() as db:
+        with self._engine.transaction() as db:
             for lease_id in lease_ids:
-                db.execute("DELETE FROM holds WHERE lease_id = ?", (lease_id,))
-                db.execute("DELETE FROM leases WHERE id = ?", (lease_id,))
-            db.execute("DELETE FROM holds WHERE lease_id NOT IN (SELECT id FROM leases)")  # strays of closed ones
+                db.run("DELETE FROM holds WHERE lease_id = ?", (lease_id,))
+                db.run("DELETE FROM leases WHERE id = ?", (lease_id,))
+            db.run("DELETE FROM holds WHERE lease_id NOT IN (SELECT id FROM leases)")  # strays of closed ones
 
     def registered(self) -> list[LeaseRecord]:
         """Every registered lease, dead or alive: see :meth:`live`."""
-        rows = self._connect().execute("SELECT * FROM leases ORDER BY started_at").fetchall()
-        return [LeaseRecord(**dict(row)) for row in rows]
+        with self._engine.statements() as db:
+            rows = db.rows("SELECT * FROM leases ORDER BY started_at")
+        return [LeaseRecord(**row) for row in rows]
 
     def live(self) -> list[LeaseRecord]:
         """The leases whose process still runs; those of processes that are gone are deleted with their holds."""
@@ -151,32 +145,45 @@ class Leases:
     ) -> None:
         """Record that the lease uses the conversation (``use``: now, else a short look that keeps the time of
         its last real use) and, given one, the container it started or re-attached."""
-        self._connect().execute(
-            "INSERT INTO holds(lease_id, conversation_id, container_id, policy_digest, held_at, used_at) "
-            "VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT(lease_id, conversation_id) DO UPDATE SET "
-            "container_id = COALESCE(excluded.container_id, holds.container_id), "
-            "used_at = CASE WHEN ? THEN excluded.used_at ELSE holds.used_at END "
-            "WHERE excluded.container_id IS NOT NULL AND excluded.container_id IS NOT holds.container_id "
-            "OR ? AND abs(excluded.used_at - holds.used_at) >= 1.0",  # within a second: nothing to write
-            (lease_id, conversation_id, container_id, policy_digest, when, when if use else 0.0, int(use), int(use)),
-        )
+        with self._engine.statements() as db:
+            db.run(
+                "INSERT INTO holds(lease_id, conversation_id, container_id, policy_digest, held_at, used_at) "
+                "VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT(lease_id, conversation_id) DO UPDATE SET "
+                "container_id = COALESCE(excluded.container_id, holds.container_id), "
+                "used_at = CASE WHEN ? = 1 THEN excluded.used_at ELSE holds.used_at END "
+                "WHERE (excluded.container_id IS NOT NULL "
+                "AND excluded.container_id <> COALESCE(holds.container_id, '')) "
+                "OR (? = 1 AND abs(excluded.used_at - holds.used_at) >= 1.0)",  # within a second: nothing to write
+                (
+                    lease_id,
+                    conversation_id,
+                    container_id,
+                    policy_digest,
+                    when,
+                    when if use else 0.0,
+                    int(use),
+                    int(use),
+                ),
+            )
 
     def touch_hold(self, lease_id: str, conversation_id: str, when: float) -> None:
-        self._connect().execute(
-            "UPDATE holds SET used_at = ? WHERE lease_id = ? AND conversation_id = ?", (when, lease_id, conversation_id)
-        )
+        with self._engine.statements() as db:
+            db.run(
+                "UPDATE holds SET used_at = ? WHERE lease_id = ? AND conversation_id = ?",
+                (when, lease_id, conversation_id),
+            )
 
     def drop_hold(self, lease_id: str, conversation_id: str) -> None:
-        self._connect().execute(
-            "DELETE FROM holds WHERE lease_id = ? AND conversation_id = ?", (lease_id, conversation_id)
-        )
+        with self._engine.statements() as db:
+            db.run("DELETE FROM holds WHERE lease_id = ? AND conversation_id = ?", (lease_id, conversation_id))
 
     def unhold_container(self, lease_id: str, conversation_id: str) -> None:
         """The lease keeps using the conversation's folders but no longer claims its sandbox."""
-        self._connect().execute(
-            "UPDATE holds SET container_id = NULL WHERE lease_id = ? AND conversation_id = ?",
-            (lease_id, conversation_id),
-        )
+        with self._engine.statements() as db:
+            db.run(
+                "UPDATE holds SET container_id = NULL WHERE lease_id = ? AND conversation_id = ?",
+                (lease_id, conversation_id),
+            )
 
     def holds(self, *, conversation_id: str | None = None, lease_id: str | None = None) -> list[HoldRecord]:
         """Holds of registered leases (of one conversation, or of one lease), dead or alive: see
@@ -194,8 +201,9 @@ class Leases:
             values.append(lease_id)
         if conditions:
             query += " WHERE " + " AND ".join(conditions)
-        rows = self._connect().execute(query + " ORDER BY holds.held_at", values).fetchall()
-        return [HoldRecord(**dict(row)) for row in rows]
+        with self._engine.statements() as db:
+            rows = db.rows(query + " ORDER BY holds.held_at", values)
+        return [HoldRecord(**row) for row in rows]
 
     def live_holds(self, conversation_id: str) -> list[HoldRecord]:
         """The conversation's holds by processes that still run (dead ones are cleaned up first)."""

@@ -1,7 +1,8 @@
-"""The schema of the state database and its version (``PRAGMA user_version``, :data:`SCHEMA_VERSION`).
+"""The schema of the state database and its version (:data:`SCHEMA_VERSION`; kept as each engine keeps it:
+SQLite's ``PRAGMA user_version``, PostgreSQL's ``schema_version`` table).
 
-:func:`migrate` runs the steps from a database's version up, in one transaction (so that processes opening it
-together migrate it once): a database of the versions before there was a number (``user_version`` 0) is brought
+:func:`migrate` runs the steps from a database's version up, in one exclusive transaction (so that processes
+opening it together migrate it once): a database of the versions before there was a number (version 0) is brought
 up to date, and one of a newer version, which this code does not know, is refused
 (:class:`~sandbox_runtime.errors.SandboxRuntimeError`, naming both versions) before anything in it changes. A
 step only ever adds (tables, indexes): an older runtime can still open a database a newer one migrated. The
@@ -11,10 +12,11 @@ lease tables are :mod:`~sandbox_runtime.state.leases`'s own (made when missing, 
 from __future__ import annotations
 
 import logging
-import sqlite3
-from pathlib import Path
+from typing import NamedTuple
 
 from sandbox_runtime.errors import StateVersionUnknown
+from sandbox_runtime.state.engine import EngineKind, StateEngine
+from sandbox_runtime.state.leases import LEASE_TABLES
 
 __all__ = ["SCHEMA_VERSION", "migrate"]
 
@@ -88,11 +90,23 @@ CREATE TABLE IF NOT EXISTS expired_files (
 );
 """  # the schema of every version before there was a number (user_version 0), as it was last
 
-# _MIGRATIONS[n] takes a database from version n to n + 1 (statements run in one transaction, in order)
-_MIGRATIONS: tuple[tuple[str, ...], ...] = (
+
+class _Only(NamedTuple):
+    """A step of one engine only (written as that engine spells it)."""
+
+    kind: EngineKind
+    statement: str
+
+
+# _MIGRATIONS[n] takes a database from version n to n + 1 (statements run in one transaction, in order; each engine
+# spells the types its way, see StateEngine.ddl)
+_MIGRATIONS: tuple[tuple[str | _Only, ...], ...] = (
     (  # 0 -> 1: the tables (made when missing: a new database starts at 0 too), and attachments by conversation
         *(statement.strip() for statement in _TABLES.split(";") if statement.strip()),
         "CREATE INDEX IF NOT EXISTS attachments_by_conversation ON attachments(conversation_id, created_at)",
+        # SQLite orders a table's rows as inserted by its rowid; PostgreSQL has none, so it keeps a number
+        _Only("postgresql", "ALTER TABLE tool_results ADD COLUMN seq BIGSERIAL"),
+        _Only("postgresql", "ALTER TABLE calls ADD COLUMN seq BIGSERIAL"),
     ),
     (  # 1 -> 2: a call made by a run_python script names the call of that run
         "ALTER TABLE calls ADD COLUMN made_by TEXT",
@@ -105,28 +119,29 @@ _MIGRATIONS: tuple[tuple[str, ...], ...] = (
 SCHEMA_VERSION = len(_MIGRATIONS)
 
 
-def migrate(db: sqlite3.Connection, path: Path) -> None:
-    """Bring the database up to :data:`SCHEMA_VERSION` in one transaction; refuse a newer one untouched."""
-    db.execute("BEGIN IMMEDIATE")
-    try:
-        found = int(db.execute("PRAGMA user_version").fetchone()[0])
-        new = db.execute("SELECT count(*) FROM sqlite_master").fetchone()[0] == 0
+def migrate(engine: StateEngine) -> None:
+    """Bring the database up to :data:`SCHEMA_VERSION` in one exclusive transaction; refuse a newer one untouched.
+    The lease tables are made when missing, whatever the version."""
+    with engine.transaction(exclusive=True) as tx:
+        recorded = engine.schema_version(tx)
+        found = recorded or 0
         if found > SCHEMA_VERSION:
             raise StateVersionUnknown(
-                f"the state database {path} has schema version {found}, newer than this sandbox-runtime knows "
-                f"({SCHEMA_VERSION}): it was written by a newer version; open it with that version (or newer), "
-                "or use another state directory"
+                f"the state database {engine.shown} has schema version {found}, newer than this sandbox-runtime "
+                f"knows ({SCHEMA_VERSION}): it was written by a newer version; open it with that version (or "
+                "newer), or use another state directory"
             )
         for version in range(found, SCHEMA_VERSION):
-            for statement in _MIGRATIONS[version]:
-                db.execute(statement)
-        if found != SCHEMA_VERSION:
-            db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
-    except BaseException:
-        db.execute("ROLLBACK")
-        raise
-    db.execute("COMMIT")
-    if new:
-        logger.info("made the state database %s (schema version %d)", path, SCHEMA_VERSION)
+            for step in _MIGRATIONS[version]:
+                if isinstance(step, str):
+                    tx.run(engine.ddl(step))
+                elif step.kind == engine.kind:
+                    tx.run(step.statement)
+        for statement in LEASE_TABLES:
+            tx.run(engine.ddl(statement))
+        if found != SCHEMA_VERSION or recorded is None:
+            engine.set_schema_version(tx, SCHEMA_VERSION)
+    if recorded is None:
+        logger.info("made the state database %s (schema version %d)", engine.shown, SCHEMA_VERSION)
     elif found != SCHEMA_VERSION:
-        logger.info("migrated the state database %s from schema version %d to %d", path, found, SCHEMA_VERSION)
+        logger.info("migrated the state database %s from schema version %d to %d", engine.shown, found, SCHEMA_VERSION)
