@@ -28,9 +28,12 @@ raises, runs out of time or memory) are *results* with ``is_error`` set, never e
     ├── ConversationDeleted                    the conversation was deleted; open it again from the runtime
     ├── ConversationInUse                      another live process uses the conversation (names it): it cannot be
     │                                          deleted or started afresh now
+    ├── CallStillRunning                       the call id runs in another runtime (a replica) or thread and was not
+    │                                          decided within state.call_wait_s: ask again with the same id later
     ├── StateVersionUnknown                    the state database was written by a newer version: not opened
-    ├── StateUnavailable                       the state database cannot be opened (a path too long for SQLite,
-    │                                          no permission, a read-only disk); says why
+    ├── StateUnavailable                       the state database cannot be opened or reached (a path too long for
+    │                                          SQLite, no permission, a read-only disk, a PostgreSQL server that is
+    │                                          down or refuses the login); says why. Nothing is half-written
     ├── EngineUnavailable (ConnectionError)    the Docker engine cannot be reached
     │   └── EngineLost                         it went away while a command ran (a daemon restart): how the command
     │                                          ended is unknown; the next call, once it is back, gets a fresh sandbox
@@ -50,6 +53,7 @@ from __future__ import annotations
 
 __all__ = [
     "BadTableFile",
+    "CallStillRunning",
     "ConversationDeleted",
     "ConversationInUse",
     "EngineLost",
@@ -108,12 +112,18 @@ class StateVersionUnknown(SandboxRuntimeError):
 
 
 class StateUnavailable(SandboxRuntimeError):
-    """The state database cannot be opened: its path is longer than SQLite opens, the folder is not writable,
-    or SQLite refused it otherwise; the message says which and how to choose another state directory."""
+    """The state database cannot be opened or reached: its path is longer than SQLite opens, the folder is not
+    writable, SQLite refused it otherwise, or a PostgreSQL state server is down, unreachable or refuses the login
+    (the message names it, never its password). A write it interrupted was rolled back; serving resumes by itself
+    once the server is back."""
 
 
 class ConversationDeleted(SandboxRuntimeError):
     """The conversation was deleted; open it again with ``runtime.conversation(id)`` to start it afresh."""
+
+
+class CallStillRunning(SandboxRuntimeError):
+    """A call id that another runtime (or thread) is running was not decided within ``state.call_wait_s``."""
 
 
 class ConversationInUse(SandboxRuntimeError):

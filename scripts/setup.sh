@@ -4,7 +4,8 @@
 #      installed from the distribution's packages and started without a default bridge network (sandboxes
 #      never need one), with gVisor (runsc) registered; and Podman's service (the "podman" backend, which the
 #      tests run the conformance, containment and client suites on too), started the same way when none answers;
-#   2. the Python package with its MCP extra and its development tools (pydantic-ai's MCP client too) in .venv;
+#   2. the Python package with its MCP and PostgreSQL extras and its development tools (pydantic-ai's MCP client
+#      too) in .venv, and PostgreSQL's server programs (no cluster: the tests start private ones);
 #   3. real upstream MCP servers for the gateway tests, in .venv-upstream;
 #   4. third-party MCP clients and servers for the interoperability tests: langchain-mcp-adapters in
 #      .venv-langchain, the MCP Inspector CLI and server-everything (Node) in .npm-tools;
@@ -61,6 +62,20 @@ fi
 apt_install debootstrap e2fsprogs mount
 # LibreOffice (headless Calc) is the second, independent reader the tests open exported XLSX files with
 apt_install libreoffice-calc-nogui
+# PostgreSQL for the state-store tests, which start a private server of their own (tests/postgres_cluster.py):
+# no system cluster is made or started. On a first install the postgresql-<version> package makes a "main" cluster
+# unless /etc/postgresql-common/createcluster.conf says create_main_cluster = false (configure_version in
+# postgresql-common's maintscripts-functions); a file written before postgresql-common is installed is kept (ucf
+# keeps the local version when it cannot ask, and puts the package's own beside it as createcluster.conf.ucf-dist).
+if ! dpkg -s postgresql >/dev/null 2>&1; then
+  if [ ! -e /etc/postgresql-common/createcluster.conf ]; then
+    log "writing /etc/postgresql-common/createcluster.conf: no default PostgreSQL cluster"
+    as_root mkdir -p /etc/postgresql-common
+    printf '%s\n' "# written by sandbox-runtime's scripts/setup.sh: its tests start their own PostgreSQL servers" \
+      'create_main_cluster = false' | as_root tee /etc/postgresql-common/createcluster.conf >/dev/null
+  fi
+  apt_install postgresql
+fi
 
 if [ ! -x .venv/bin/python ]; then
   log "creating .venv"
@@ -71,9 +86,9 @@ install_main_venv() {
   .venv/bin/python -m pip install -q -e '.[dev,mcp]'
   touch .venv/.installed
 }
-if ! .venv/bin/python -c 'import sandbox_runtime, mcp, pydantic_ai.mcp, pytest, ruff, mypy' >/dev/null 2>&1 \
+if ! .venv/bin/python -c 'import sandbox_runtime, mcp, pydantic_ai.mcp, psycopg_pool, pytest, ruff, mypy' >/dev/null 2>&1 \
    || [ pyproject.toml -nt .venv/.installed ]; then
-  log "installing sandbox-runtime (with its mcp extra), its development tools and pydantic-ai-slim[mcp] into .venv"
+  log "installing sandbox-runtime (with its mcp and postgresql extras), its development tools and pydantic-ai-slim[mcp] into .venv"
   timed "installing into .venv" install_main_venv
 fi
 

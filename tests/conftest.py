@@ -14,6 +14,7 @@ so ``pytest -m "not docker"`` is the part that runs on a machine with no engine.
 
 from __future__ import annotations
 
+import functools
 import os
 import uuid
 from collections.abc import Callable, Iterator
@@ -25,14 +26,19 @@ import pytest
 from sandbox_runtime.api.runtime import Runtime
 from sandbox_runtime.errors import EngineUnavailable
 from sandbox_runtime.models import QuotaMode
-from sandbox_runtime.policy import Policy, load_policy
+from sandbox_runtime.policy import Policy, StatePolicy, load_policy
 from sandbox_runtime.sandbox.backend import SandboxBackend
 from sandbox_runtime.sandbox.docker.backend import DockerBackend
 from sandbox_runtime.sandbox.fake.backend import FakeBackend
 from sandbox_runtime.sandbox.image import build_executor_image, executor_image_tag
 from sandbox_runtime.sandbox.podman.backend import PodmanBackend
 from sandbox_runtime.sandbox.profile import LABEL_RUNTIME
+from sandbox_runtime.state.database import StateDB
+from sandbox_runtime.state.location import open_engine
 from sandbox_runtime.store.safe_paths import ResultsRoot
+from tests.postgres_cluster import PostgresCluster
+
+pytest_plugins = ["tests.postgres_cluster"]  # postgres_cluster (one per session) and postgres_url (a fresh database)
 
 TEST_LABEL = "io.sandbox-runtime.test"
 SESSION = uuid.uuid4().hex[:12]
@@ -132,7 +138,9 @@ def docker_runtime_factory(
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[RuntimeFactory]:
     """Make runtimes on a real engine on fresh state directories: Docker, or the engine the policy names
-    (``podman``); every conversation they made is deleted afterwards."""
+    (``podman``); every conversation they made is deleted afterwards. (An ``engine_policy`` of a store,
+    ``default@postgresql``, names the policy before the ``@``: :func:`served` points its runtimes at the store.)"""
+    engine_policy = engine_policy.partition("@")[0]
     made: list[Runtime] = []
     engines: dict[str, tuple[DockerBackend, str]] = {}
 
@@ -205,6 +213,26 @@ def fake_runtime_factory(tmp_path_factory: pytest.TempPathFactory) -> Iterator[R
         backend.remove(info.id)
 
 
+# the state stores a test marked with them runs on: SQLite in the state directory, and a PostgreSQL database
+STATE_STORES = ["sqlite", pytest.param("postgresql", marks=pytest.mark.postgresql)]
+
+
+@pytest.fixture(params=STATE_STORES)
+def state_url(request: pytest.FixtureRequest) -> str | None:
+    """Where a test's state lives: None (SQLite in its state directory) or a fresh PostgreSQL database's URL. Name it
+    before the runtime factories in a test's arguments: the database is dropped when it is torn down, and the
+    factories' runtimes delete their conversations in it when they are."""
+    return None if request.param == "sqlite" else str(request.getfixturevalue("postgres_url"))
+
+
+@pytest.fixture
+def state_db(state_url: str | None, tmp_path: Path) -> Iterator[StateDB]:
+    """The state records of a fresh state, on each store."""
+    state = StateDB(open_engine(tmp_path, state_url, StatePolicy()))
+    yield state
+    state.close()
+
+
 @pytest.fixture
 def runtime_factory(docker_runtime_factory: RuntimeFactory) -> RuntimeFactory:
     """The runtimes a test gets: on Docker (a module whose tests start no sandbox overrides this with
@@ -271,30 +299,66 @@ class Subject(NamedTuple):
             pytest.skip(f"the {self.backend.name} backend declares it: {left_out[0]}")
 
 
-@pytest.fixture(
-    params=[
-        "fake",
-        pytest.param("docker-runc", marks=pytest.mark.docker),
-        pytest.param("docker-runsc", marks=pytest.mark.docker),
-        pytest.param("podman-runc", marks=[pytest.mark.docker, pytest.mark.podman]),
-    ]
-)
-def subject(request: pytest.FixtureRequest) -> Subject:
-    """Each backend in turn (the fake, Docker under runc and runsc, Podman): the conformance, containment and
-    code-mode suites run on every one. A new backend joins by adding its parameter here."""
-    if request.param == "fake":
+# the backends the conformance, containment and code-mode suites run on (a new backend joins by adding its
+# parameter here); and the same with the state on PostgreSQL (``@postgresql``: the fake and Docker under runc), for
+# the suites whose stories involve the state (a module takes them by overriding ``subject`` with
+# ``make_subject``, as tests/test_backend_conformance.py does)
+SUBJECTS = [
+    "fake",
+    pytest.param("docker-runc", marks=pytest.mark.docker),
+    pytest.param("docker-runsc", marks=pytest.mark.docker),
+    pytest.param("podman-runc", marks=[pytest.mark.docker, pytest.mark.podman]),
+]
+SUBJECTS_ON_EVERY_STORE = [
+    *SUBJECTS,
+    pytest.param("fake@postgresql", marks=pytest.mark.postgresql),
+    pytest.param("docker-runc@postgresql", marks=[pytest.mark.docker, pytest.mark.postgresql]),
+]
+
+
+@pytest.fixture(params=SUBJECTS)
+def subject(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Subject:
+    """Each backend in turn (the fake, Docker under runc and runsc, Podman)."""
+    return make_subject(request, tmp_path_factory)
+
+
+def make_subject(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Subject:
+    """The subject ``request.param`` names: a backend, and the store its state is on (``@postgresql``: a database of
+    each state directory's own; else SQLite)."""
+    backend_name, _, store = request.param.partition("@")
+    if backend_name == "fake":
         make: RuntimeFactory = request.getfixturevalue("fake_runtime_factory")
         policy = load_policy("default")
     else:
         make = request.getfixturevalue("docker_runtime_factory")
-        engine, _, runtime = request.param.partition("-")
+        engine, _, runtime = backend_name.partition("-")
         policy = policy_under(runtime if engine == "docker" else engine, request.getfixturevalue("docker_backend"))
+    if store:
+        make = on_postgresql(make, request.getfixturevalue("postgres_cluster"), tmp_path_factory)
     backend = make(policy).backend
 
     def make_under_policy(changed: Policy | None = None, **options: Any) -> Runtime:
         return make(policy if changed is None else changed, **options)
 
     return Subject(make_under_policy, backend, policy)
+
+
+def on_postgresql(make: RuntimeFactory, cluster: PostgresCluster, temp: pytest.TempPathFactory) -> RuntimeFactory:
+    """``make`` with each state directory's state in a PostgreSQL database of its own (two runtimes on one
+    state directory share it, as replicas do)."""
+    databases: dict[Path, str] = {}
+
+    def make_on_postgresql(policy: Policy | str = "default", state_dir: Path | None = None, **options: Any) -> Runtime:
+        state_dir = Path(state_dir or temp.mktemp("state"))
+        if state_dir not in databases:
+            databases[state_dir] = cluster.socket_url(database_name(cluster.create_database()))
+        return make(policy, state_dir=state_dir, state_url=databases[state_dir], **options)
+
+    return make_on_postgresql
+
+
+def database_name(url: str) -> str:
+    return url.rsplit("/", 1)[1].split("?", 1)[0]
 
 
 @pytest.fixture
@@ -318,7 +382,9 @@ FAKE_POLICY = '[sandbox]\nbackend = "fake"\n'
 # anywhere) and to each real engine; such a test serves through :func:`served`
 EVERY_BACKEND_POLICIES = [
     pytest.param("fake", id="fake"),
+    pytest.param("fake@postgresql", id="fake@postgresql", marks=pytest.mark.postgresql),
     pytest.param("default", id="docker", marks=pytest.mark.docker),
+    pytest.param("default@postgresql", id="docker@postgresql", marks=[pytest.mark.docker, pytest.mark.postgresql]),
     pytest.param("podman", id="podman", marks=[pytest.mark.docker, pytest.mark.podman]),
 ]
 
@@ -353,13 +419,28 @@ class Served(NamedTuple):
 def served(request: pytest.FixtureRequest, engine_policy: str, tmp_path: Path) -> Iterator[Served]:
     """Serve on the fake (``engine_policy`` ``"fake"``: no engine fixture is asked for) or on the real engine the
     built-in policy names; parametrise ``engine_policy`` with :data:`EVERY_BACKEND_POLICIES`."""
-    if engine_policy == "fake":
+    named, _, store = engine_policy.partition("@")
+    if named == "fake":
         runtimes: RuntimeFactory = request.getfixturevalue("fake_runtime_factory")
         policy = str(request.getfixturevalue("fake_policy_file"))
     elif request.node.get_closest_marker("docker") is None:  # its engine fixtures are asked for here: not seen
         pytest.fail(f"serving on {engine_policy!r} needs the test parametrised with EVERY_BACKEND_POLICIES")
     else:
-        runtimes, policy = request.getfixturevalue("docker_runtime_factory"), engine_policy
+        runtimes, policy = request.getfixturevalue("docker_runtime_factory"), named
+    if store:  # the state in a database of its own, named by the policy (its socket is trusted: no password)
+        cluster: PostgresCluster = request.getfixturevalue("postgres_cluster")
+        url = cluster.socket_url(database_name(cluster.create_database()))
+        policy = str(policy_with_state(tmp_path, policy, url))
+        runtimes = functools.partial(runtimes, state_url=url)
     state = tmp_path / "state"
     yield Served(state, policy, runtimes)
     runtimes(state_dir=state)
+
+
+def policy_with_state(folder: Path, policy: str, url: str) -> Path:
+    """A policy file: ``policy`` (``default``, or a file with no ``[state]``) with its state at ``url``."""
+    base = "" if policy == "default" else Path(policy).read_text()
+    path = folder / f"{Path(policy).stem}-at-postgresql.toml"
+    path.write_text(f'{base}\n[state]\nurl = "{url}"\n')
+    load_policy(path)  # the file is a valid policy
+    return path

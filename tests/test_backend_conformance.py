@@ -27,9 +27,17 @@ from sandbox_runtime.sandbox.profile import (
     LABEL_STATE_DIR,
     code_user,
 )
+from sandbox_runtime.state.location import STATE_FILE, STATE_URL_FILE
 from sandbox_runtime.tools.run_python import RunPythonResult, run_python
 
-from .conftest import Subject
+from .conftest import SUBJECTS_ON_EVERY_STORE, Subject, make_subject
+
+
+@pytest.fixture(params=SUBJECTS_ON_EVERY_STORE)
+def subject(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Subject:
+    """Each backend, and the fake and Docker with their state on PostgreSQL: these stories involve the state."""
+    return make_subject(request, tmp_path_factory)
+
 
 WAIT_S = 60.0  # the longest any wait here may take
 
@@ -177,7 +185,8 @@ def test_a_sandbox_removed_from_outside_is_replaced_on_the_next_run_with_its_fol
 def test_gc_removes_the_sandbox_of_a_state_directory_that_is_gone(subject: Subject, tmp_path: Path) -> None:
     doomed = subject.make(state_dir=tmp_path / "doomed")
     container = doomed.conversation("left-behind").sandbox().container_id
-    (tmp_path / "doomed" / "state.sqlite3").unlink()  # as when the state directory was deleted
+    for store in (STATE_FILE, STATE_URL_FILE):  # as when the state directory was deleted (its store's file, either)
+        (tmp_path / "doomed" / store).unlink(missing_ok=True)
     survivor = subject.make(sweep_on_start=False)  # gc by hand (a start sweeps as well)
     assert container in {r.container_id for r in survivor.gc()}
     assert subject.backend.inspect(container) is None

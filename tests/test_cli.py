@@ -286,7 +286,7 @@ def test_a_stdio_client_keeps_its_sandbox_between_sessions_and_its_exit_ends_it_
 def test_the_help_lists_the_commands_an_operator_runs_and_no_internal_one() -> None:
     done = cli("--help")
     assert done.returncode == 0
-    assert "{doctor,image,serve,demo,gc,ls,kube}" in done.stdout
+    assert "{doctor,image,serve,demo,gc,ls,kube,state}" in done.stdout
     assert "release-when-client-exits" not in done.stdout  # serve's own helper process: still runs, never listed
     assert "exit codes: 0 success" in done.stdout
     assert cli("release-when-client-exits", "--help").returncode == 0

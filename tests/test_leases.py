@@ -1,5 +1,6 @@
 """Several runtimes on one state directory: none removes a sandbox (or unmounts a volume) that another live one
-holds, whatever options it started with; once that one closes or dies, the others clean up as before."""
+holds, whatever options it started with; once that one closes or dies, the others clean up as before. The stories
+with sandboxes run on both state stores (SQLite, and PostgreSQL as replicas share it)."""
 
 from __future__ import annotations
 
@@ -19,7 +20,8 @@ from sandbox_runtime.policy import Policy, load_policy
 from sandbox_runtime.processes import process_start
 from sandbox_runtime.sandbox.manager import Removal
 from sandbox_runtime.state.database import StateDB
-from sandbox_runtime.state.leases import LeaseRecord, lease_is_alive
+from sandbox_runtime.state.leases import LEASE_TTL_S, LeaseRecord, lease_is_alive
+from sandbox_runtime.state.location import STATE_URL_VARIABLE
 from sandbox_runtime.store.quota import loop_devices
 from tests.conftest import SESSION, TEST_LABEL, RuntimeFactory
 
@@ -32,7 +34,7 @@ import sys
 from sandbox_runtime.api.runtime import Runtime
 state_dir, image, label, session, conversation = sys.argv[1:6]
 runtime = Runtime(state_dir, "default", image=image, extra_labels={label: session}, reap_interval_s=None,
-                  retention_interval_s=None)
+                  retention_interval_s=None)  # its state: $SANDBOX_RUNTIME_STATE_URL's, or SQLite
 result = runtime.conversation(conversation).run_python("open('/mnt/results/kept.txt', 'w').write('kept')")
 print(result.status, runtime.conversation(conversation).sandbox().container_id, flush=True)
 sys.stdin.read()  # held until the test kills this process
@@ -60,16 +62,18 @@ def _released(runtime: Runtime, conversation: str) -> bool:
 
 
 @pytest.fixture
-def holder(executor_image: str, tmp_path: Path) -> Iterator[tuple[subprocess.Popen[str], Path]]:
-    """A ``.venv/bin/python -c`` process holding a sandbox of conversation "held" in ``tmp_path/state``; it is
-    killed (SIGKILL, by its own pid) at the end if the test did not kill it."""
+def holder(executor_image: str, tmp_path: Path, state_url: str | None) -> Iterator[tuple[subprocess.Popen[str], Path]]:
+    """A ``.venv/bin/python -c`` process holding a sandbox of conversation "held" in ``tmp_path/state`` (its state
+    on the test's store); it is killed (SIGKILL, by its own pid) at the end if the test did not kill it."""
     state = tmp_path / "state"
+    environment = {k: v for k, v in os.environ.items() if k != STATE_URL_VARIABLE}
     process = subprocess.Popen(
         [sys.executable, "-c", HOLDER, str(state), executor_image, TEST_LABEL, SESSION, "held"],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        env=environment | ({STATE_URL_VARIABLE: state_url} if state_url else {}),
     )
     try:
         yield process, state
@@ -97,7 +101,7 @@ def _first_line(process: subprocess.Popen[str], timeout_s: float) -> str:
 
 
 def test_gc_under_another_policy_leaves_a_live_runtimes_sandbox_alone_until_it_closes(
-    runtime_factory: RuntimeFactory, executor_image: str, tmp_path: Path
+    state_url: str | None, runtime_factory: RuntimeFactory, executor_image: str, tmp_path: Path
 ) -> None:
     state = tmp_path / "state"
     first = Runtime(
@@ -107,12 +111,14 @@ def test_gc_under_another_policy_leaves_a_live_runtimes_sandbox_alone_until_it_c
         extra_labels={TEST_LABEL: SESSION},
         reap_interval_s=None,
         retention_interval_s=None,
+        state_url=state_url,
     )
     try:
         conversation = first.conversation("shared")
         assert conversation.run_python("open('/mnt/results/kept.txt', 'w').write('kept')").status == "ok"
         container = conversation.sandbox().container_id
-        second = runtime_factory(_serve_like(tmp_path), state_dir=state)  # its start-up sweep leaves it alone too
+        # its start-up sweep leaves it alone too
+        second = runtime_factory(_serve_like(tmp_path), state_dir=state, state_url=state_url)
         assert second.policy.digest() != first.policy.digest()
         assert container not in _ids(second.gc())
         assert container not in _ids(second.conversations.sweep())
@@ -143,12 +149,12 @@ def test_gc_under_another_policy_leaves_a_live_runtimes_sandbox_alone_until_it_c
 
 
 def test_a_sandbox_held_by_another_process_survives_gc_until_that_process_is_killed(
-    runtime_factory: RuntimeFactory, holder: tuple[subprocess.Popen[str], Path]
+    state_url: str | None, runtime_factory: RuntimeFactory, holder: tuple[subprocess.Popen[str], Path]
 ) -> None:
     process, state = holder
     status, container = _first_line(process, CHILD_START_TIMEOUT_S).split()
     assert status == "ok"
-    other = runtime_factory(_smaller_memory(), state_dir=state)
+    other = runtime_factory(_smaller_memory(), state_dir=state, state_url=state_url)
     assert process.pid in {lease.pid for lease in other.state.leases.live()}
     assert container not in _ids(other.gc())
     assert container not in _ids(other.conversations.sweep())
@@ -167,11 +173,11 @@ def test_a_sandbox_held_by_another_process_survives_gc_until_that_process_is_kil
 
 
 def test_two_runtimes_sharing_a_sandbox_leave_it_to_the_last_one_that_uses_it(
-    runtime_factory: RuntimeFactory, executor_image: str, tmp_path: Path
+    state_url: str | None, runtime_factory: RuntimeFactory, executor_image: str, tmp_path: Path
 ) -> None:
     state = tmp_path / "state"
-    first = runtime_factory(state_dir=state)
-    second = runtime_factory(state_dir=state)
+    first = runtime_factory(state_dir=state, state_url=state_url)
+    second = runtime_factory(state_dir=state, state_url=state_url)
     container = first.conversation("both").sandbox().container_id
     assert second.conversation("both").run_python("print(2)").stdout == "2\n"
     assert second.conversation("both").sandbox().container_id == container  # re-attached, not a second one
@@ -188,25 +194,29 @@ def test_two_runtimes_sharing_a_sandbox_leave_it_to_the_last_one_that_uses_it(
 def test_a_lease_is_alive_only_while_its_very_process_runs(tmp_path: Path) -> None:
     state = StateDB(tmp_path / "state.sqlite3")
     mine = state.leases.open("digest")
-    assert lease_is_alive(mine)
+    assert lease_is_alive(mine, LEASE_TTL_S)
     assert mine.process_start == process_start(os.getpid())
     reused = mine.model_copy(update={"process_start": f"{mine.process_start}0"})
-    assert not lease_is_alive(reused)  # same pid, another start time: a reused pid is another process
-    assert lease_is_alive(reused.model_copy(update={"host": "another-host"}))  # cannot be checked from here
+    assert not lease_is_alive(reused, LEASE_TTL_S)  # same pid, another start time: a reused pid is another process
+    elsewhere = reused.model_copy(update={"host": "another-host"})  # its pid cannot be checked from here: ...
+    assert lease_is_alive(elsewhere, LEASE_TTL_S)
+    later = mine.started_at + LEASE_TTL_S + 1  # ... it counts as gone once it was not renewed for the ttl
+    assert not lease_is_alive(elsewhere, LEASE_TTL_S, now=later)
+    assert lease_is_alive(elsewhere.model_copy(update={"renewed_at": later - 1}), LEASE_TTL_S, now=later)
 
     zombie = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE)
     try:
         lease = state.leases.open("digest", pid=zombie.pid)
-        assert lease_is_alive(lease)
+        assert lease_is_alive(lease, LEASE_TTL_S)
         os.kill(zombie.pid, signal.SIGKILL)
         os.waitid(os.P_PID, zombie.pid, os.WEXITED | os.WNOWAIT)  # dead, not yet waited for: a zombie
         assert process_start(zombie.pid) is None
-        assert not lease_is_alive(lease)
+        assert not lease_is_alive(lease, LEASE_TTL_S)
     finally:
         zombie.wait(timeout=30)
         assert zombie.stdin is not None
         zombie.stdin.close()
-    assert not lease_is_alive(lease)
+    assert not lease_is_alive(lease, LEASE_TTL_S)
 
     state.leases.hold(lease.id, "c1", "digest", 1.0, container_id="abc")
     state.leases.hold(mine.id, "c1", "digest", 2.0)

@@ -18,6 +18,7 @@ from mcp.shared.exceptions import MCPError
 from sandbox_runtime.control import CallControl
 from sandbox_runtime.mcp.tasks import TaskStore, TrackedTask
 from sandbox_runtime.policy import McpPolicy
+from sandbox_runtime.state.database import StateDB
 from sandbox_runtime.workers import Workers
 from tests.client_helpers import REPO, require
 from tests.conftest import RuntimeFactory
@@ -127,8 +128,8 @@ def test_cancelling_a_task_ends_its_run_in_the_sandbox(runtime_factory: RuntimeF
 
 def _ended(store: TaskStore, work: Any) -> TrackedTask:
     task = store.start("c1", None, CallControl(), work)
-    assert task.done.wait(timeout=10)
-    return task
+    assert store.wait(task, timeout_s=10)
+    return store.get("c1", task.task_id)
 
 
 @pytest.fixture
@@ -138,8 +139,14 @@ def workers() -> Iterator[Workers]:
     pool.close()
 
 
-def test_a_tool_error_and_a_protocol_error_end_tasks_as_each_generation_says(workers: Workers) -> None:
-    store = TaskStore(McpPolicy(), workers.submit)
+def _store(policy: McpPolicy, state: StateDB, workers: Workers) -> TaskStore:
+    return TaskStore(policy, state, state.leases.open("digest").id, workers.submit)
+
+
+def test_a_tool_error_and_a_protocol_error_end_tasks_as_each_generation_says(
+    workers: Workers, state_db: StateDB
+) -> None:
+    store = _store(McpPolicy(), state_db, workers)
     tool_error = types.CallToolResult(content=[types.TextContent(text="no such column")], is_error=True)
     said = _ended(store, lambda: tool_error)
     assert said.view().status == "failed"  # 2025-11-25: isError is a failed task
@@ -158,8 +165,8 @@ def test_a_tool_error_and_a_protocol_error_end_tasks_as_each_generation_says(wor
     assert "result" not in crashed
 
 
-def test_task_limits_come_from_the_policy(workers: Workers) -> None:
-    store = TaskStore(McpPolicy(task_ttl_default_s=60, task_ttl_max_s=120, tasks_kept_max=1), workers.submit)
+def test_task_limits_come_from_the_policy(workers: Workers, state_db: StateDB) -> None:
+    store = _store(McpPolicy(task_ttl_default_s=60, task_ttl_max_s=120, tasks_kept_max=1), state_db, workers)
     release = threading.Event()
 
     def waits() -> types.CallToolResult:
@@ -173,7 +180,7 @@ def test_task_limits_come_from_the_policy(workers: Workers) -> None:
     with pytest.raises(MCPError, match="Task not found"):
         store.get("another-conversation", running.task_id)
     release.set()
-    assert running.done.wait(timeout=10)
+    assert store.wait(running, timeout_s=10)
     later = store.start("c1", None, CallControl(), waits)  # the ended one made room
     assert later.ttl_ms == 60_000
     with pytest.raises(MCPError, match="Task not found"):

@@ -12,12 +12,21 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from sandbox_runtime.api.runtime import Runtime
 from sandbox_runtime.pipeline.approval import ApprovalRequest
 from sandbox_runtime.pipeline.script_tools import PipelineScriptTools
 from sandbox_runtime.policy import Policy
 from sandbox_runtime.tools.run_python import run_python
-from tests.conftest import RuntimeFactory, Subject
+from tests.conftest import SUBJECTS_ON_EVERY_STORE, RuntimeFactory, Subject, make_subject
+
+
+@pytest.fixture(params=SUBJECTS_ON_EVERY_STORE)
+def subject(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Subject:
+    """Each backend, and the fake and Docker with their state on PostgreSQL: these stories involve the state."""
+    return make_subject(request, tmp_path_factory)
+
 
 ISSUE_SCHEMA = {
     "type": "object",

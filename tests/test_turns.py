@@ -1,10 +1,11 @@
-"""Turns of calls that arrive one by one: overlapping calls share one budget; one id never runs twice at once."""
+"""Turns of calls that arrive one by one: overlapping calls share one budget; one id never runs twice."""
 
 from __future__ import annotations
 
 import threading
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -24,8 +25,10 @@ class Holder:
     def __init__(self) -> None:
         self.inside = threading.Event()
         self.release = threading.Event()
+        self.calls = 0
 
     def __call__(self, arguments: dict[str, Any]) -> str:
+        self.calls += 1
         self.inside.set()
         assert self.release.wait(WAIT_S)
         return "held"
@@ -88,18 +91,29 @@ def test_calls_that_overlap_in_time_share_one_budget(runtime: tuple[Runtime, Hol
     assert rt.conversation("turns").decisions()[-1].turn_id != turns["h1"]
 
 
-def test_the_same_call_id_never_runs_twice_at_once(runtime: tuple[Runtime, Holder, Big]) -> None:
+def test_the_same_call_id_sent_again_while_it_runs_gets_its_decision_without_running_again(
+    runtime: tuple[Runtime, Holder, Big],
+) -> None:
     rt, holder, _big = runtime
     gate = TurnGate(rt.dispatcher, wait_s=WAIT_S)
+    with ThreadPoolExecutor(1) as pool:
+        second: Future[tuple[ToolOutcome, Any]] | None = None
 
-    def second() -> None:
-        with pytest.raises(InvalidToolArguments, match="already running"):
-            gate.run("turns", ToolCall(tool="hold", call_id="same"))
+        def send_again() -> None:
+            nonlocal second
+            second = run(pool, gate, "hold", "same")  # waits for the first one's decision (it holds the claim)
+            assert not second.done()
 
-    first, _report = while_held(gate, holder, "same", second)
+        first, _report = while_held(gate, holder, "same", send_again)
+        assert second is not None
+        again, _report = second.result(timeout=WAIT_S)
     assert first.text.startswith("held")
-    again, _report = gate.run("turns", ToolCall(tool="hold", call_id="same"))
-    assert again.replayed  # afterwards the stored decision is given again, nothing runs
+    assert again.replayed
+    assert again.text == first.text
+    assert holder.calls == 1  # the tool ran once
+    latest, _report = gate.run("turns", ToolCall(tool="hold", call_id="same"))
+    assert latest.replayed
+    assert holder.calls == 1
 
 
 def test_a_call_that_fails_to_start_does_not_hold_up_its_turn(runtime: tuple[Runtime, Holder, Big]) -> None:
@@ -135,3 +149,21 @@ def test_a_call_that_fails_in_the_infrastructure_raises_alone_and_its_turn_keeps
     again, _report = gate.run("turns", ToolCall(tool="hold", call_id="h3"))
     assert again.replayed  # decided once: a retry of the turn does not run it again
     assert not holder.inside.is_set()
+
+
+def test_a_turn_whose_calls_reach_two_replicas_stays_within_one_budget(
+    fake_runtime_factory: RuntimeFactory, tmp_path: Path
+) -> None:
+    """Two runtimes on one state (replicas behind a load balancer): what one showed of a turn counts in the other."""
+    gates = []
+    for _ in range(2):
+        replica = fake_runtime_factory(state_dir=tmp_path / "shared")
+        replica.register_tool("big", Big(), description="A large result.", input_schema=OBJECT)
+        gates.append(TurnGate(replica.dispatcher, wait_s=WAIT_S))
+    first, _report = gates[0].run("turns", ToolCall(tool="big", call_id="b0"), turn_id="T")
+    second, report = gates[1].run("turns", ToolCall(tool="big", call_id="b1"), turn_id="T")
+    assert not first.replaced
+    assert second.replaced  # 150,000 shown on the first replica + 150,000 here is past the 200,000 budget
+    assert report.total_before_chars > 200_000
+    other, _report = gates[1].run("turns", ToolCall(tool="big", call_id="b2"), turn_id="another")
+    assert not other.replaced  # another turn has a budget of its own

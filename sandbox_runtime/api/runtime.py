@@ -50,6 +50,8 @@ from sandbox_runtime.sandbox.records import Removal
 from sandbox_runtime.sandbox.selfcheck import SelfCheckReport
 from sandbox_runtime.spill.retention import RetentionReport, expire_results
 from sandbox_runtime.state.database import StateDB
+from sandbox_runtime.state.location import open_engine
+from sandbox_runtime.state.location import state_url as state_url_of
 from sandbox_runtime.store.folders import ConversationStore
 from sandbox_runtime.tools.base import ToolContext, ToolSpec
 from sandbox_runtime.tools.builtin import builtin_tools
@@ -84,6 +86,10 @@ class Runtime:
     directory (whatever their policy) never remove a sandbox it holds nor unmount a volume it uses. ``close``
     drops the lease; a lease of a process that died counts as gone.
 
+    ``state_url``: where the state lives (:mod:`~sandbox_runtime.state.location`): a PostgreSQL URL, shared by
+    several runtimes (replicas), or None for ``$SANDBOX_RUNTIME_STATE_URL``, else the policy's ``state.url``, else
+    ``STATE_DIR/state.sqlite3``. The conversations' folders are in the state directory whatever the store.
+
     ``warm_pool``: keep the policy's ``pool.ready_count`` sandboxes started ahead of need, each handed whole to one
     new conversation (:meth:`start_warm_pool`); None: as the policy's ``pool.keep_in`` says (``all``: yes;
     ``serve``, the default: only ``sandbox-runtime serve``).
@@ -102,12 +108,17 @@ class Runtime:
         retention_interval_s: float | Literal["policy"] | None = "policy",
         approver: Approver | None = None,
         warm_pool: bool | None = None,
+        state_url: str | None = None,
     ) -> None:
         self.policy = policy if isinstance(policy, Policy) else load_policy(policy)
         self.state_dir = Path(state_dir) if state_dir is not None else default_state_dir()
         self.state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-        # first: a state database this version cannot open (a newer schema) is refused before anything starts
-        self.state = StateDB(self.state_dir / "state.sqlite3")
+        # first: a state database this version cannot open (a newer schema, a server that does not answer) is
+        # refused before anything starts
+        url = state_url_of(state_url, self.policy.state)
+        self.state = StateDB(
+            open_engine(self.state_dir, url, self.policy.state), lease_ttl_s=self.policy.state.lease_ttl_s
+        )
         try:
             self.backend = make_backend(self.policy.sandbox) if backend is None else backend
             if image is None:
@@ -130,7 +141,13 @@ class Runtime:
             self.policy.tools.parallel_calls_max, name=f"sandbox-runtime-{self.manager.lease.id[:8]}"
         )
         self.dispatcher = Dispatcher(
-            self.state, self.policy, self.tools, self._tool_context, self.workers, approver=approver
+            self.state,
+            self.policy,
+            self.tools,
+            self._tool_context,
+            self.workers,
+            approver=approver,
+            lease_id=self.manager.lease.id,
         )
         self._closed = False
         if sweep_on_start:
@@ -143,6 +160,7 @@ class Runtime:
                 raise
         if warm_pool or (warm_pool is None and self.policy.pool.keep_in == "all"):
             self.start_warm_pool()
+        self.workers.every(self.policy.state.lease_ttl_s / 3, "lease", self.manager.renew_lease)
         if reap_interval_s is not None:
             self.workers.every(reap_interval_s, "reaper", self.conversations.reap)
         if retention_interval_s == "policy":
@@ -248,8 +266,10 @@ class Runtime:
         return self.conversations.sweep()
 
     def expire_files(self, now: float | None = None) -> list[RetentionReport]:
-        """Remove every conversation's spill, error and argument files older than ``spill.retention_s``."""
+        """Remove every conversation's spill, error and argument files older than ``spill.retention_s`` (and the
+        per-turn totals of turns that old)."""
         moment = time.time() if now is None else now
+        self.state.forget_turns_before(moment - self.policy.spill.retention_s)
         reports = []
         for record in self.state.conversations():
             with self.conversations.lock(record.id):
@@ -275,8 +295,9 @@ class Runtime:
         other live process uses, drop this runtime's lease and release the engine connection. Conversations'
         sandboxes keep running (on their own mount of their folder) for the next start to re-attach, which mounts
         the folder again; nothing of this runtime stays mounted, so the state directory can be removed right
-        after. Closing twice does nothing."""
+        after. Closing again only releases the state connections a use after the first close opened."""
         if self._closed:
+            self.state.close()
             return
         self._closed = True
         if self.pool is not None:

@@ -1,4 +1,4 @@
-"""``sandbox-runtime``: doctor, image build, serve, demo, gc, ls, kube manifests.
+"""``sandbox-runtime``: doctor, image build, serve, demo, gc, ls, kube manifests, state migrate.
 
 Exit codes: :data:`EXIT_CODES` (2 also for serve's flags and for serve without the mcp extra; 3 for Docker and
 Podman alike). ``python -m sandbox_runtime`` is the same command.
@@ -19,6 +19,7 @@ from pathlib import Path
 from sandbox_runtime.api.runtime import Conversation, Runtime, default_state_dir
 from sandbox_runtime.cli.kube import add_kube_parser
 from sandbox_runtime.cli.serve import add_serve_parser, key_value
+from sandbox_runtime.cli.state import add_state_parser
 from sandbox_runtime.errors import (
     EngineUnavailable,
     ImageError,
@@ -68,7 +69,8 @@ def cmd_doctor(args: argparse.Namespace) -> int:
         if args.json:
             outputs = {"outputs_max_bytes": limits.max_bytes, "outputs_files_max": limits.files_max}
             ok = report.ok and not report.not_enforced  # a backend that confines nothing is no pass
-            print(json.dumps(report.model_dump(mode="json") | {"ok": ok, "outputs": outputs}, indent=2))
+            state = runtime.state.report().model_dump(mode="json")
+            print(json.dumps(report.model_dump(mode="json") | {"ok": ok, "outputs": outputs, "state": state}, indent=2))
             return EXIT_OK if ok else EXIT_FAILED
         engine = report.engine
         if report.not_enforced:
@@ -90,7 +92,8 @@ def cmd_doctor(args: argparse.Namespace) -> int:
             f"outputs  attachments per conversation: at most {limits.files_max:,} (tools.outputs_files_max), "
             f"{limits.max_bytes:,} bytes of distinct content (tools.outputs_max_bytes); the same content is stored once"
         )
-        print(f"policy   {runtime.policy.name} ({runtime.policy.digest()}), state {runtime.state_dir}\n")
+        print(f"policy   {runtime.policy.name} ({runtime.policy.digest()})")
+        print(_state_line(runtime) + "\n")
         print(
             _table(
                 [["ok" if c.ok else "FAIL", c.name, c.expected, c.actual] for c in report.checks],
@@ -104,10 +107,18 @@ def cmd_doctor(args: argparse.Namespace) -> int:
         return EXIT_OK
 
 
+def _state_line(runtime: Runtime) -> str:
+    store = runtime.state.report()
+    return (
+        f"state    {runtime.state_dir}; records on {store.store} {store.where} (schema version {store.schema_version})"
+    )
+
+
 def _doctor_unconfined(runtime: Runtime, backend: str, not_enforced: tuple[str, ...]) -> int:
     """doctor for a backend that confines nothing (the fake): what it leaves out, loudly; exit 1."""
     print(f"engine   {backend}: no engine; code runs as processes of this host")
-    print(f"policy   {runtime.policy.name} ({runtime.policy.digest()}), state {runtime.state_dir}\n")
+    print(f"policy   {runtime.policy.name} ({runtime.policy.digest()})")
+    print(_state_line(runtime) + "\n")
     print(_table([["NOT ENFORCED", said] for said in not_enforced], ["", "protection"]))
     print(
         f"\nthe {backend} backend confines nothing: never run untrusted code on it "
@@ -358,6 +369,7 @@ def build_parser() -> argparse.ArgumentParser:
     ls.add_argument("--json", action="store_true")
     ls.set_defaults(func=cmd_ls)
     add_kube_parser(sub)
+    add_state_parser(sub)
     sub.metavar = "{" + ",".join(sub.choices) + "}"  # the commands a user runs; the one below is serve's own
     watch = sub.add_parser(  # started by serve over stdio: ends a conversation's sandbox once its client exits
         WATCH_COMMAND, description="(started by serve over stdio) end a conversation's sandbox once its client exits"

@@ -25,10 +25,13 @@ import sys
 import threading
 import urllib.parse
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sandbox_runtime.mcp.stdio_client import ClientProcess, start_watcher
 from sandbox_runtime.policy import Policy, load_policy
+
+if TYPE_CHECKING:
+    from sandbox_runtime.api.runtime import Runtime
 
 __all__ = ["MCP_EXTRA_HINT", "add_serve_parser", "check_database", "cmd_serve", "key_value", "serve_policy"]
 
@@ -93,6 +96,12 @@ def _http_address(host: str, port: int) -> str:
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
+def _say_what_is_served(runtime: Runtime) -> None:
+    print(f"{len(runtime.tools)} tools: {', '.join(runtime.tools)}", file=sys.stderr, flush=True)
+    if runtime.state.engine.kind != "sqlite":  # a shared store: say which (without its password)
+        print(f"state on {runtime.state.engine.shown}", file=sys.stderr, flush=True)
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
     from sandbox_runtime.api.runtime import Runtime  # noqa: PLC0415  (the core first: a module missing below is the extra's)
 
@@ -145,7 +154,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
             print(f"upstream {status.name}: {state}", file=sys.stderr, flush=True)
         gateway.register(runtime)
         service = McpService(runtime, transport="stdio" if stdio else "http", conversation=conversation)
-        print(f"{len(runtime.tools)} tools: {', '.join(runtime.tools)}", file=sys.stderr, flush=True)
+        _say_what_is_served(runtime)
         if early.received:
             print("stopped before serving: a stop signal came during start-up", file=sys.stderr, flush=True)
         elif listener is None:

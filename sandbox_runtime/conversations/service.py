@@ -20,7 +20,6 @@ import contextlib
 import logging
 import threading
 from collections.abc import Iterator
-from pathlib import Path
 
 from sandbox_runtime.conversations.handle import SandboxHandle
 from sandbox_runtime.conversations.pool_slots import PoolSlots, ended_leases
@@ -69,7 +68,7 @@ class ConversationService:
             image,
             state_dir=store.state_dir,
             locks=ConversationLocks(),
-            host_locks=HostLocks(Path(store.state_dir) / "locks"),
+            host_locks=HostLocks(state.engine.lock),
             canary_folder=self._canary_folder,
             extra_labels=extra_labels,
         )
@@ -97,7 +96,7 @@ class ConversationService:
     def run_lock(self, conversation_id: str) -> RunLock:
         """The lock a run holds from its start to its end: :meth:`lock`, and the conversation's run lock across
         the processes that share the state directory (two processes never run in one sandbox at once)."""
-        return RunLock(self.lock(conversation_id), self.manager.host_lock.run_file(conversation_id))
+        return RunLock(self.lock(conversation_id), self.manager.host_lock.run_lock(conversation_id))
 
     # folders -------------------------------------------------------------------------------------------
     def folders(self, conversation_id: str, *, use: bool = True) -> ConversationFolders:

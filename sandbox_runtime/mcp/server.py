@@ -65,7 +65,7 @@ from sandbox_runtime.mcp.results import (
 from sandbox_runtime.mcp.shutdown import STOPPING_CODE, STOPPING_MESSAGE, CallsInFlight
 from sandbox_runtime.mcp.stdio_client import ClientProcess
 from sandbox_runtime.mcp.task_methods import TaskMethods, TaskWork
-from sandbox_runtime.mcp.tasks import TaskServer, TaskStore
+from sandbox_runtime.mcp.tasks import CANCEL_LOOK_S, TaskServer, TaskStore
 from sandbox_runtime.pipeline.approval import ApprovalRequest, Approver
 from sandbox_runtime.pipeline.dispatch import ToolCall
 from sandbox_runtime.pipeline.turns import TurnGate
@@ -109,7 +109,8 @@ class McpService:
         # the conversation of every request that names none (see the module text)
         self.default_conversation = validate_conversation_id(conversation or default_conversation(transport, token))
         self.gate = TurnGate(runtime.dispatcher, wait_s=_TURN_WAIT_S)
-        self.tasks = TaskStore(runtime.policy.mcp, runtime.workers.submit)
+        self.tasks = TaskStore(runtime.policy.mcp, runtime.state, runtime.manager.lease.id, runtime.workers.submit)
+        runtime.workers.every(CANCEL_LOOK_S, "task-cancels", self.tasks.look_for_cancels)
         self.calls = CallsInFlight()  # what a stop waits for, then cancels (see mcp.shutdown)
         self.server: Server[Any] = TaskServer(
             name,

@@ -17,8 +17,6 @@ A client is a pid together with its start time (``/proc/<pid>/stat``), so a reus
 from __future__ import annotations
 
 import contextlib
-import errno
-import fcntl
 import logging
 import os
 import select
@@ -29,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from sandbox_runtime.processes import process_start
+from sandbox_runtime.state.locks import try_flock
 
 __all__ = ["ClientProcess", "release_when_client_exits", "start_watcher"]
 
@@ -120,26 +119,21 @@ def _watch_lock(state_dir: Path, conversation_id: str) -> Iterator[bool]:
     folder.mkdir(parents=True, exist_ok=True, mode=0o700)
     fd = os.open(folder / f"{conversation_id}.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
     try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError as exc:
-            if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN):
-                raise
-            yield False
-            return
-        yield True
+        yield try_flock(fd)
     finally:
         os.close(fd)
 
 
-def _still_known(state_dir: Path, conversation_id: str) -> bool:
+def _still_known(state_dir: Path, policy: str, conversation_id: str) -> bool:
     """Whether the state database still knows the conversation (never made again by looking)."""
-    database = state_dir / "state.sqlite3"
-    if not database.is_file():
-        return False
-    from sandbox_runtime.state.database import StateDB  # noqa: PLC0415  (the client's own start stays light)
+    from sandbox_runtime.policy import load_policy  # noqa: PLC0415  (the client's own start stays light)
+    from sandbox_runtime.state.database import StateDB  # noqa: PLC0415  (the same)
+    from sandbox_runtime.state.location import open_engine, state_dir_in_use, state_url  # noqa: PLC0415  (the same)
 
-    state = StateDB(database)
+    if not state_dir_in_use(state_dir):
+        return False
+    settings = load_policy(policy).state
+    state = StateDB(open_engine(state_dir, state_url(None, settings), settings))
     try:
         return state.conversation(conversation_id) is not None
     finally:
@@ -156,7 +150,7 @@ def release_when_client_exits(
             return False
         if not client.wait_for_exit(max_wait_s):
             return False
-        if not _still_known(state_dir, conversation_id):
+        if not _still_known(state_dir, policy, conversation_id):
             return True  # the state directory or the conversation was removed meanwhile: nothing is left to end
         from sandbox_runtime.api.runtime import Runtime  # noqa: PLC0415  (only once there is something to end)
 

@@ -139,8 +139,8 @@ class TaskMethods:
         self, ctx: ServerRequestContext[Any], params: types.GetTaskPayloadRequestParams
     ) -> dict[str, Any]:
         task = self._task_of(ctx, params.task_id)
-        await anyio.to_thread.run_sync(task.done.wait, abandon_on_cancel=True)
-        return task.payload()
+        await anyio.to_thread.run_sync(self._store.wait, task, abandon_on_cancel=True)
+        return self._task_of(ctx, params.task_id).payload()
 
     async def _cancel_task(
         self, ctx: ServerRequestContext[Any], params: types.CancelTaskRequestParams
@@ -160,9 +160,9 @@ class TaskMethods:
     ) -> dict[str, Any]:
         """Run the call; answer with its result if it ends within ``task_after_s``, else with the task."""
         work = self._host.task_work(ctx, params)
-        task = self._store.start(work.conversation, None, work.control, work.run)
+        task = self._store.start(work.conversation, None, work.control, work.run, announce=False)
         try:
-            ended = await anyio.to_thread.run_sync(task.done.wait, self._task_after_s, abandon_on_cancel=True)
+            ended = await anyio.to_thread.run_sync(self._store.wait, task, self._task_after_s, abandon_on_cancel=True)
         except anyio.get_cancelled_exc_class():
             work.control.cancel()  # the client went away before it heard of the task: nothing may keep running
             self._store.forget(task.task_id)
@@ -170,6 +170,7 @@ class TaskMethods:
         if ended:
             self._store.forget(task.task_id)
             return serialize_server_result("tools/call", ctx.protocol_version, task.result or {})
+        task = self._store.announce(task.task_id)
         logger.info("tools/call %s in %s became task %s", params.name, work.conversation, task.task_id)
         shown = task.detailed(ctx.protocol_version)
         shown.pop("result", None)  # it may have ended since: the client reads the result with tasks/get

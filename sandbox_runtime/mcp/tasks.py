@@ -22,17 +22,25 @@ other id is "not found". A task is kept for its ttl (the one asked for, within `
 that many are still running. Cancelling a task ends its call (a run ends every process it started). A task's
 call is never asked for approval by elicitation (it has no request to ask on): the policy's
 ``approval.rule_without_approver`` decides.
+
+**Replicas.** Tasks live in the state (:mod:`~sandbox_runtime.state.tasks`), so every replica sharing it answers
+``tasks/*`` for a task another started: ``tasks/get`` reads it, ``tasks/result`` waits for it (looking again at
+the state, at most every ``pollInterval``), ``tasks/cancel`` marks it cancelled and the replica running its call
+cancels the call within :data:`CANCEL_LOOK_S`. A task whose replica died before its call ended is ``failed``
+(its call lost) the next time it is asked for. A call that may become a task (2026-07-28) is written to the state
+only once it does.
 """
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, cast
 
 import mcp_types as types
 from mcp.server.lowlevel import Server
@@ -42,6 +50,8 @@ from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
 from sandbox_runtime.control import CallControl
 from sandbox_runtime.policy import McpPolicy
+from sandbox_runtime.state.database import StateDB
+from sandbox_runtime.state.tasks import TaskRecord
 
 __all__ = ["META_RELATED_TASK", "TASKS_EXTENSION", "TaskServer", "TaskStore", "TrackedTask"]
 
@@ -49,34 +59,66 @@ META_RELATED_TASK = "io.modelcontextprotocol/related-task"
 TASKS_EXTENSION = "io.modelcontextprotocol/tasks"
 
 _POLL_INTERVAL_MS = 500
+CANCEL_LOOK_S = 0.5  # how often a runtime looks for cancels of its tasks asked of another replica
+_CANCELLED = "Cancelled by the client."
 
 _TERMINAL: frozenset[types.TaskStatus] = frozenset({"completed", "failed", "cancelled"})
 
 
-def _now_iso() -> str:
-    return datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+def _iso(when: float) -> str:
+    return datetime.fromtimestamp(when, UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
 @dataclass
 class TrackedTask:
-    """One task: its call's control, its status and, once it ended, its ``CallToolResult`` (JSON fields) or the
+    """One task as a client sees it: its status and, once it ended, its ``CallToolResult`` (JSON fields) or the
     protocol error that ended it."""
 
     task_id: str
     conversation: str
     ttl_ms: int
-    control: CallControl
-    created_at: str = field(default_factory=_now_iso)
-    created_s: float = field(default_factory=time.monotonic)
+    lease_id: str  # the runtime running its call
+    created: float  # when it was made (the clock of the runtime that made it)
+    updated: float = 0.0
     status: types.TaskStatus = "working"
     status_message: str | None = None
-    last_updated_at: str = ""
+    ended: bool = False
     result: dict[str, Any] | None = None
     error: dict[str, Any] | None = None  # a JSON-RPC error object: the call failed as a protocol error
-    done: threading.Event = field(default_factory=threading.Event)
 
     def __post_init__(self) -> None:
-        self.last_updated_at = self.created_at
+        self.updated = self.updated or self.created
+
+    @classmethod
+    def of(cls, record: TaskRecord) -> TrackedTask:
+        return cls(
+            task_id=record.task_id,
+            conversation=record.conversation_id,
+            ttl_ms=record.ttl_ms,
+            lease_id=record.lease_id,
+            created=record.created_at,
+            updated=record.updated_at,
+            status=cast("types.TaskStatus", record.status),
+            status_message=record.status_message,
+            ended=record.ended,
+            result=None if record.result is None else json.loads(record.result),
+            error=None if record.error is None else json.loads(record.error),
+        )
+
+    def record(self) -> TaskRecord:
+        return TaskRecord(
+            task_id=self.task_id,
+            conversation_id=self.conversation,
+            lease_id=self.lease_id,
+            ttl_ms=self.ttl_ms,
+            created_at=self.created,
+            updated_at=self.updated,
+            status=self.status,
+            status_message=self.status_message,
+            ended=self.ended,
+            result=None if self.result is None else _json(self.result),
+            error=None if self.error is None else _json(self.error).decode(),
+        )
 
     def view(self) -> types.Task:
         """The task as 2025-11-25 shows it."""
@@ -84,14 +126,14 @@ class TrackedTask:
             task_id=self.task_id,
             status=self.status,
             status_message=self.status_message,
-            created_at=self.created_at,
-            last_updated_at=self.last_updated_at,
+            created_at=_iso(self.created),
+            last_updated_at=_iso(self.updated),
             ttl=self.ttl_ms,
             poll_interval=_POLL_INTERVAL_MS,
         )
 
     def payload(self) -> dict[str, Any]:
-        """The call's result with ``_meta`` naming this task (only once :attr:`done` is set)."""
+        """The call's result with ``_meta`` naming this task (only once it :attr:`ended`)."""
         result = self.result or {}
         meta = {**(result.get("_meta") or {}), META_RELATED_TASK: {"taskId": self.task_id}}
         return {**result, "_meta": meta}
@@ -105,8 +147,8 @@ class TrackedTask:
         shown: dict[str, Any] = {
             "taskId": self.task_id,
             "status": status,
-            "createdAt": self.created_at,
-            "lastUpdatedAt": self.last_updated_at,
+            "createdAt": _iso(self.created),
+            "lastUpdatedAt": _iso(self.updated),
             "ttlMs": self.ttl_ms,
             "pollIntervalMs": _POLL_INTERVAL_MS,
         }
@@ -119,16 +161,41 @@ class TrackedTask:
         return shown
 
 
-class TaskStore:
-    """The tasks of one server, by conversation (see the module text). Safe to use from any thread."""
+def _json(value: dict[str, Any]) -> bytes:
+    return json.dumps(value, separators=(",", ":")).encode()
 
-    def __init__(self, policy: McpPolicy, run: Callable[[Callable[[], None]], object]) -> None:
+
+@dataclass
+class _Running:
+    """A task whose call runs in this process: its control, the moment it ends, and whether it was written to
+    the state (a call that may become a task is written only once it does)."""
+
+    task: TrackedTask
+    control: CallControl
+    stored: bool
+    done: threading.Event = field(default_factory=threading.Event)
+
+
+class TaskStore:
+    """The tasks of the state every replica shares, as this server runs and answers for them (see the module
+    text). Safe to use from any thread."""
+
+    def __init__(
+        self,
+        policy: McpPolicy,
+        state: StateDB,
+        lease_id: str,
+        run: Callable[[Callable[[], None]], object],
+    ) -> None:
         self._run_in_pool = run  # the runtime's workers (``Workers.submit``)
+        self._records = state.tasks
+        self._leases = state.leases
+        self._lease_id = lease_id
         self._kept_max = policy.tasks_kept_max
         self._ttl_default_ms = policy.task_ttl_default_s * 1000
         self._ttl_max_ms = policy.task_ttl_max_s * 1000
         self._lock = threading.Lock()
-        self._tasks: dict[str, TrackedTask] = {}  # in creation order
+        self._running: dict[str, _Running] = {}  # the tasks whose calls run here
 
     def start(
         self,
@@ -136,21 +203,45 @@ class TaskStore:
         ttl_ms: int | None,
         control: CallControl,
         work: Callable[[], types.CallToolResult],
+        *,
+        announce: bool = True,
     ) -> TrackedTask:
-        """Run ``work`` in the runtime's pool as a new task of ``conversation``, and return the task."""
+        """Run ``work`` in the runtime's pool as a new task of ``conversation``, and return the task; one not
+        ``announce``d is written to the state only by :meth:`announce` (a call that may become a task)."""
         ttl = self._ttl_default_ms if ttl_ms is None else max(0, min(ttl_ms, self._ttl_max_ms))
-        task = TrackedTask(task_id=uuid.uuid4().hex, conversation=conversation, ttl_ms=ttl, control=control)
+        task = TrackedTask(
+            task_id=uuid.uuid4().hex,
+            conversation=conversation,
+            ttl_ms=ttl,
+            lease_id=self._lease_id,
+            created=time.time(),
+        )
+        self._records.purge(time.time(), self._kept_max)
+        if len(self._records.running()) >= self._kept_max and (
+            self._lose_orphans() == 0 or len(self._records.running()) >= self._kept_max
+        ):
+            raise MCPError(
+                code=types.INTERNAL_ERROR, message=f"{self._kept_max} tasks are still running; try again later"
+            )
+        running = _Running(task, control, stored=announce)
+        if announce:
+            self._records.add(task.record())
         with self._lock:
-            self._purge()
-            if len(self._tasks) >= self._kept_max:
-                raise MCPError(
-                    code=types.INTERNAL_ERROR, message=f"{self._kept_max} tasks are still running; try again later"
-                )
-            self._tasks[task.task_id] = task
-        self._run_in_pool(lambda: self._run(task, work))
+            self._running[task.task_id] = running
+        self._run_in_pool(lambda: self._run(running, work))
         return task
 
-    def _run(self, task: TrackedTask, work: Callable[[], types.CallToolResult]) -> None:
+    def announce(self, task_id: str) -> TrackedTask:
+        """Write a task started unannounced to the state (it may have ended since), and return it."""
+        with self._lock:
+            running = self._running.get(task_id)
+            if running is not None and not running.stored:
+                self._records.add(running.task.record())
+                running.stored = True
+        return self.get(running.task.conversation if running else "", task_id)
+
+    def _run(self, running: _Running, work: Callable[[], types.CallToolResult]) -> None:
+        task = running.task
         failure: str | None = None
         try:
             result = work()
@@ -164,55 +255,114 @@ class TaskStore:
             if task.status not in _TERMINAL:
                 task.status = "failed" if result.is_error else "completed"
                 task.status_message = failure
-                task.last_updated_at = _now_iso()
-            task.done.set()
+            task.updated, task.ended = time.time(), True
+            try:
+                if running.stored:
+                    self._records.end(
+                        task.task_id,
+                        task.status,
+                        task.status_message,
+                        _json(task.result),
+                        None if task.error is None else _json(task.error).decode(),
+                    )
+            finally:
+                running.done.set()
+                self._running.pop(task.task_id, None)
 
     def get(self, conversation: str, task_id: str) -> TrackedTask:
+        """The task as stored; one whose runtime is gone before its call ended is ``failed`` (its call lost)."""
         with self._lock:
-            self._purge()
-            task = self._tasks.get(task_id)
-        if task is None or task.conversation != conversation:
+            running = self._running.get(task_id)
+            if running is not None and not running.stored:
+                return running.task  # unannounced: only its own request knows it
+        self._records.purge(time.time(), self._kept_max)
+        record = self._records.get(task_id)
+        if record is None or record.conversation_id != conversation:
             raise MCPError(code=types.INVALID_PARAMS, message=f"Failed to retrieve task: Task not found: {task_id}")
-        return task
+        if not record.ended and record.lease_id != self._lease_id and not self._alive(record.lease_id):
+            self._lose(record.task_id)
+            record = self._records.get(task_id) or record
+        return TrackedTask.of(record)
+
+    def _lose_orphans(self) -> int:
+        """End the tasks whose runtime is gone (they would count as running for ever); how many there were."""
+        live = {lease.id for lease in self._leases.live()}
+        orphans = [task_id for task_id, lease_id in self._records.running() if lease_id not in live]
+        for task_id in orphans:
+            self._lose(task_id)
+        return len(orphans)
+
+    def _alive(self, lease_id: str) -> bool:
+        return lease_id in {lease.id for lease in self._leases.live()}
+
+    def _lose(self, task_id: str) -> None:
+        """End a task whose runtime is gone: its call's outcome is unknown (a retry with the same call id runs it
+        again unless its decision was stored)."""
+        said = (
+            "The task's call was lost: the runtime running it stopped before it ended. Call the tool again (with "
+            "the same call id, its stored decision is given if it was made)."
+        )
+        result = types.CallToolResult(content=[types.TextContent(text=said)], is_error=True)
+        dumped = result.model_dump(by_alias=True, mode="json", exclude_none=True)
+        error = {"code": types.INTERNAL_ERROR, "message": said}
+        self._records.end(task_id, "failed", said, _json(dumped), _json(error).decode())
+
+    def wait(self, task: TrackedTask, timeout_s: float | None = None) -> bool:
+        """Wait until the task's call ended (at most ``timeout_s``; None: as long as it runs); whether it did."""
+        with self._lock:
+            running = self._running.get(task.task_id)
+        if running is not None:
+            return running.done.wait(timeout_s)
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        pause = 0.05
+        while not self.get(task.conversation, task.task_id).ended:
+            if deadline is not None and time.monotonic() >= deadline:
+                return False
+            time.sleep(pause)  # another runtime runs it: a bounded look again at the state
+            pause = min(pause * 2, _POLL_INTERVAL_MS / 1000)
+        return True
 
     def cancel(self, conversation: str, task_id: str, *, ended_ok: bool = False) -> TrackedTask:
-        """Cancel the task's call (its run ends every process it started); the task is ``cancelled`` at once.
+        """Cancel the task's call (its run ends every process it started; a call another runtime runs is
+        cancelled by that runtime, which looks every :data:`CANCEL_LOOK_S`); the task is ``cancelled`` at once.
         A task that already ended is refused, unless ``ended_ok`` (then it stays as it ended)."""
         task = self.get(conversation, task_id)
+        if task.status not in _TERMINAL:
+            with self._lock:
+                running = self._running.get(task_id)
+                if running is not None and not running.stored:
+                    running.task.status, running.task.status_message = "cancelled", _CANCELLED
+                    running.task.updated = time.time()
+            if running is None or running.stored:
+                self._records.cancel(task_id, _CANCELLED)
+            if running is not None:
+                running.control.cancel()
+            task = self.get(conversation, task_id)
+            if task.status == "cancelled":
+                return task
+        if ended_ok:
+            return task
+        raise MCPError(
+            code=types.INVALID_PARAMS, message=f"Cannot cancel task: already in terminal status {task.status}"
+        )
+
+    def look_for_cancels(self) -> None:
+        """Cancel the calls of this runtime's tasks that another runtime was asked to cancel (a background job,
+        every :data:`CANCEL_LOOK_S`)."""
         with self._lock:
-            if task.status in _TERMINAL:
-                if ended_ok:
-                    return task
-                raise MCPError(
-                    code=types.INVALID_PARAMS, message=f"Cannot cancel task: already in terminal status {task.status}"
-                )
-            task.status = "cancelled"
-            task.status_message = "Cancelled by the client."
-            task.last_updated_at = _now_iso()
-        task.control.cancel()
-        return task
+            stored = {task_id: r for task_id, r in self._running.items() if r.stored}
+        for task_id in self._records.cancelled(list(stored)):
+            stored[task_id].control.cancel()
 
     def forget(self, task_id: str) -> None:
         """Drop a task its client was never told of (its call was answered with the result itself)."""
         with self._lock:
-            self._tasks.pop(task_id, None)
+            running = self._running.pop(task_id, None)
+        if running is None or running.stored:
+            self._records.forget(task_id)
 
     def listed(self, conversation: str) -> list[TrackedTask]:
-        with self._lock:
-            self._purge()
-            return [t for t in self._tasks.values() if t.conversation == conversation]
-
-    def _purge(self) -> None:
-        """Drop ended tasks past their ttl, then the oldest ended ones over the bound (the lock is held)."""
-        now = time.monotonic()
-        ended = [t for t in self._tasks.values() if t.done.is_set()]
-        for task in ended:
-            if now - task.created_s > task.ttl_ms / 1000:
-                del self._tasks[task.task_id]
-        for task in ended:
-            if len(self._tasks) < self._kept_max:
-                break
-            self._tasks.pop(task.task_id, None)
+        return [self.get(conversation, record.task_id) for record in self._records.of_conversation(conversation)]
 
 
 class TaskServer(Server[Any]):

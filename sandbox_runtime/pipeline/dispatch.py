@@ -42,6 +42,7 @@ from sandbox_runtime.pipeline.call import (
     outcome,
     stored_result,
 )
+from sandbox_runtime.pipeline.claims import CallClaimer, check_call_id
 from sandbox_runtime.pipeline.script_tools import PipelineScriptTools
 from sandbox_runtime.policy import Policy
 from sandbox_runtime.spill.budget import BudgetCandidate, BudgetDecision, plan_turn_budget
@@ -56,8 +57,6 @@ __all__ = ["Call", "Dispatcher", "HostResult", "ToolCall", "ToolOutcome", "TurnR
 
 logger = logging.getLogger(__name__)
 
-_CALL_ID_MAX_CHARS = 200
-
 
 class Dispatcher:
     """Runs turns for the conversations of one runtime."""
@@ -71,8 +70,11 @@ class Dispatcher:
         workers: Workers,
         clock: Callable[[], float] = time.time,
         approver: Approver | None = None,
+        *,
+        lease_id: str,
     ) -> None:
         self.state = state
+        self.claimer = CallClaimer(state, lease_id, policy.state.call_wait_s)
         self.policy = policy
         self.tools = tools  # the runtime's own mapping: tools it registers later are seen here too
         self._context = context
@@ -96,8 +98,24 @@ class Dispatcher:
         """Run (or take in) every item, spill, apply the turn budget, store the decisions, and report;
         ``control`` cancels (and hears the progress of) every call of the turn."""
         calls = [item if item.call_id else item.model_copy(update={"call_id": _new_call_id()}) for item in items]
-        ids = _unique([_check_call_id(item.call_id) for item in calls])  # checked before anything runs
+        ids = _unique([check_call_id(item.call_id) for item in calls])  # checked before anything runs
         stored = self.state.stored_results(conversation_id, ids)
+        given = [item.call_id for item in items if item.call_id]  # a fresh id needs no claim
+        claims = self.claimer.claim(conversation_id, given, stored, control)  # one running elsewhere: waited for
+        try:
+            return self._run_claimed(conversation_id, calls, stored, turn_id, approver, control)
+        finally:
+            self.claimer.give_back(conversation_id, claims)
+
+    def _run_claimed(
+        self,
+        conversation_id: str,
+        calls: list[ToolCall | HostResult],
+        stored: dict[str, StoredResult],
+        turn_id: str | None,
+        approver: Approver | None,
+        control: CallControl | None,
+    ) -> TurnReport:
         ctx = self._context(conversation_id)
         prepared, failures = self._prepare_all(ctx, calls, stored, approver, control)
         if not failures:
@@ -129,12 +147,13 @@ class Dispatcher:
     ) -> Call:
         """The first half of a turn, for one call that arrived on its own (an MCP request, or a script's call:
         ``made_by`` names the tool that made it and where its arguments came from, ``context`` is its run's):
-        run it (or find its stored decision) and spill its result. Its decision is made by :meth:`settle`,
+        run it (or find its stored decision) and spill its result. The caller claimed its call id
+        (:attr:`claimer`) or it is a script's. Its decision is made by :meth:`settle`,
         together with the other calls of its turn. ``control`` lets the caller cancel the run and hear its
         progress."""
         if not item.call_id:
             item = item.model_copy(update={"call_id": _new_call_id()})
-        call_id = _check_call_id(item.call_id)
+        call_id = check_call_id(item.call_id)
         stored = self.state.stored_results(conversation_id, [call_id])
         context = context or self._context(conversation_id)
         prepared, failures = self._prepare_all(context, [item], stored, approver, control, made_by)
@@ -342,12 +361,6 @@ class Dispatcher:
 
 def _new_call_id() -> str:
     return f"call-{uuid.uuid4().hex[:16]}"
-
-
-def _check_call_id(call_id: str | None) -> str:
-    if not call_id or len(call_id) > _CALL_ID_MAX_CHARS or "\x00" in call_id:
-        raise InvalidToolArguments(f"a call id must be 1 to {_CALL_ID_MAX_CHARS} characters without NUL")
-    return call_id
 
 
 def _unique(ids: list[str]) -> list[str]:

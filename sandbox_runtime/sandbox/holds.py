@@ -11,27 +11,25 @@ start and the claim) by the lease of the process that started it (its ``LABEL_LE
   container no live process holds. When two live processes hold one sandbox, one that stopped using it lets go
   of its claim, and the last one reaps it.
 * taking a hold and mounting, and checking the holds before a removal or an unmount, are each done under the
-  conversation's lock across the processes of the host (``STATE_DIR/locks/<conversation>.lock``, ``flock``), so
-  a check never races another process's claim. It is one lock per conversation: one conversation's volume being
+  conversation's lock across the processes that share the state (the state engine's named lock: a file under
+  ``STATE_DIR/locks`` with SQLite, an advisory lock with PostgreSQL), so a check never races another process's
+  claim. It is one lock per conversation: one conversation's volume being
   made or mounted (seconds) holds up nobody else.
 """
 
 from __future__ import annotations
 
 import contextlib
-import errno
-import fcntl
 import hashlib
-import os
 import re
 import threading
 import time
-from collections.abc import Iterator
-from pathlib import Path
+from collections.abc import Callable, Iterator
 
 from sandbox_runtime.errors import SandboxError
 from sandbox_runtime.sandbox.backend import ContainerInfo
 from sandbox_runtime.state.leases import HoldRecord
+from sandbox_runtime.state.locks import OuterLock
 
 __all__ = ["LABEL_LEASE", "ConversationLocks", "HostLock", "HostLocks", "RunLock", "held_elsewhere", "own_hold"]
 
@@ -73,37 +71,36 @@ class ConversationLocks:
 
 
 class HostLocks:
-    """The host-wide lock of each conversation of a state directory: ``locks(conversation_id)`` is a context
-    manager holding it. Any label value is a safe key (one that is not a conversation id names its file by a
-    hash)."""
+    """The lock of each conversation across the processes that share the state: ``locks(conversation_id)`` is a
+    context manager holding it; :meth:`run_file` is its run lock, apart from it. Any label value is a safe key (one
+    that is not a conversation id is named by a hash)."""
 
-    def __init__(self, directory: Path) -> None:
-        self.directory = directory
+    def __init__(self, outer: Callable[[str], OuterLock]) -> None:
+        self._outer = outer  # the state engine's named locks (StateEngine.lock)
         self._locks: dict[str, HostLock] = {}
         self._guard = threading.Lock()
 
     def _lock(self, conversation_id: str, suffix: str = ".lock") -> HostLock:
-        name = conversation_id if _PLAIN_NAME.fullmatch(conversation_id) else "_" + _digest(conversation_id)
+        name = (conversation_id if _PLAIN_NAME.fullmatch(conversation_id) else "_" + _digest(conversation_id)) + suffix
         with self._guard:
-            lock = self._locks.get(name + suffix)
+            lock = self._locks.get(name)
             if lock is None:
-                self.directory.mkdir(mode=0o700, parents=True, exist_ok=True)
-                lock = self._locks[name + suffix] = HostLock(self.directory / f"{name}{suffix}")
+                lock = self._locks[name] = HostLock(name, self._outer(name))
             return lock
 
     def __call__(self, conversation_id: str) -> contextlib.AbstractContextManager[None]:
         return self._lock(conversation_id)()
 
-    def run_file(self, conversation_id: str) -> HostLock:
-        """The lock file of the conversation's runs (``<conversation>.run.lock``), apart from its claims."""
+    def run_lock(self, conversation_id: str) -> HostLock:
+        """The lock of the conversation's runs (``<conversation>.run.lock``), apart from its claims."""
         return self._lock(conversation_id, ".run.lock")
 
     def remove(self, conversation_id: str) -> None:
-        """Remove the conversation's lock files (it is being deleted); a process that holds one or waits for it
-        takes it again from a new file."""
-        for lock in (self._lock(conversation_id), self.run_file(conversation_id)):
+        """Forget the conversation's locks (it is being deleted; a lock file is removed): a process that holds one
+        or waits for it takes it again afresh."""
+        for lock in (self._lock(conversation_id), self.run_lock(conversation_id)):
             with lock():
-                lock.path.unlink(missing_ok=True)
+                lock.outer.forget()
 
 
 def _digest(text: str) -> str:
@@ -111,20 +108,22 @@ def _digest(text: str) -> str:
 
 
 class HostLock:
-    """One lock over the threads of this process (an RLock: re-entrant) and the processes of this host (``flock``
-    on a file). Every wait is bounded. A lock file removed while it was waited for is taken again from the file
-    now at its path, so that removing it never lets two holders in."""
+    """One lock over the threads of this process (an RLock: re-entrant) and the processes that share the state
+    (``outer``: a file's ``flock`` or a database's advisory lock, :mod:`~sandbox_runtime.state.locks`). Every wait
+    is bounded."""
 
-    def __init__(self, path: Path) -> None:
-        self.path = path
+    def __init__(self, name: str, outer: OuterLock) -> None:
+        self.name = name
+        self.outer = outer
         self._local = threading.RLock()
         self._depth = 0
-        self._fd: int | None = None
 
     @contextlib.contextmanager
     def __call__(self) -> Iterator[None]:
         if not self.take(_HOST_LOCK_WAIT_S):
-            raise SandboxError(f"{self.path} stayed locked by another thread or process for {_HOST_LOCK_WAIT_S:g} s")
+            raise SandboxError(
+                f"the lock {self.name} stayed taken by another thread or process for {_HOST_LOCK_WAIT_S:g} s"
+            )
         try:
             yield
         finally:
@@ -137,63 +136,36 @@ class HostLock:
         if not self._local.acquire(timeout=max(timeout_s, 0.0)):
             return False
         if self._depth == 0:
-            fd = self._lock_file(deadline)
-            if fd is None:
+            try:
+                taken = self.outer.take(deadline)
+            except BaseException:
+                self._local.release()
+                raise
+            if not taken:
                 self._local.release()
                 return False
-            self._fd = fd
         self._depth += 1
         return True
 
     def give_back(self) -> None:
-        """Release one :meth:`take` (the file's lock goes with the last)."""
+        """Release one :meth:`take` (the outer lock goes with the last)."""
         self._depth -= 1
-        if self._depth == 0 and self._fd is not None:
-            os.close(self._fd)  # closing the descriptor releases the flock
-            self._fd = None
-        self._local.release()
-
-    def _lock_file(self, deadline: float) -> int | None:
-        while True:
-            fd = self._wait_for(deadline)
-            if fd is None:
-                return None
-            held = os.fstat(fd)
-            try:
-                now = os.stat(self.path, follow_symlinks=False)
-            except FileNotFoundError:
-                now = None
-            if now is not None and (now.st_dev, now.st_ino) == (held.st_dev, held.st_ino):
-                return fd
-            os.close(fd)  # the file was removed (its conversation deleted) while this waited: take the new one
-
-    def _wait_for(self, deadline: float) -> int | None:
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-        pause = 0.001
-        while True:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                return fd
-            except OSError as exc:
-                if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN):
-                    os.close(fd)
-                    raise
-            if time.monotonic() >= deadline:
-                os.close(fd)
-                return None
-            time.sleep(pause)  # another process holds it right now: a bounded wait
-            pause = min(pause * 2, 0.05)
+        try:
+            if self._depth == 0:
+                self.outer.give_back()
+        finally:
+            self._local.release()
 
 
 class RunLock:
     """One run of a conversation at a time: across the threads of this process (``local``, the conversation's own
-    lock, which its other work and the reaper take too) and the processes that share the state directory
-    (``file``, a :class:`HostLock` of its own, so that a run never holds up a claim or a mount). ``acquire`` and
-    ``release`` as a ``threading.RLock``'s."""
+    lock, which its other work and the reaper take too) and the processes that share the state (``shared``, a
+    :class:`HostLock` of its own, so that a run never holds up a claim or a mount). ``acquire`` and ``release`` as
+    a ``threading.RLock``'s."""
 
-    def __init__(self, local: threading.RLock, file: HostLock) -> None:
+    def __init__(self, local: threading.RLock, shared: HostLock) -> None:
         self._local = local
-        self._file = file
+        self._shared = shared
 
     def acquire(self, blocking: bool = True, timeout: float = -1) -> bool:
         """Take both, waiting at most ``timeout`` seconds in all (``-1``: until they are free)."""
@@ -202,12 +174,12 @@ class RunLock:
             return False
         while True:
             left = 0.0 if not blocking else _RUN_LOCK_POLL_S if deadline is None else deadline - time.monotonic()
-            if self._file.take(max(left, 0.0)):
+            if self._shared.take(max(left, 0.0)):
                 return True
             if not blocking or (deadline is not None and time.monotonic() >= deadline):
                 self._local.release()
                 return False
 
     def release(self) -> None:
-        self._file.give_back()
+        self._shared.give_back()
         self._local.release()

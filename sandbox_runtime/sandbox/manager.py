@@ -44,6 +44,7 @@ from sandbox_runtime.sandbox.profile import (
 from sandbox_runtime.sandbox.records import Removal, ResultsFolder, Sandbox, SandboxRecords
 from sandbox_runtime.sandbox.selfcheck import SelfCheckReport
 from sandbox_runtime.state.leases import HoldRecord, LeaseRecord
+from sandbox_runtime.state.location import state_dir_in_use
 
 __all__ = ["Removal", "Sandbox", "SandboxManager"]
 
@@ -95,6 +96,15 @@ class SandboxManager:
             lock=self.lock,
             clock=lambda: self.clock(),  # noqa: PLW0108  (late bound: the manager's clock can be set later)
         )
+
+    def renew_lease(self) -> None:
+        """Renew this process's lease (a background job, every third of the policy's ``state.lease_ttl_s``)."""
+        if not self.records.leases.renew(self.lease):
+            logger.warning(
+                "this runtime's lease %s had been counted as gone (not renewed for %g s): registered again",
+                self.lease.id,
+                self.records.leases.ttl_s,
+            )
 
     def end_lease(self) -> None:
         """Drop this process's lease and holds (at close): its sandboxes and mounts stay for the next start."""
@@ -381,7 +391,7 @@ class SandboxManager:
         for info in self.backend.list_containers({LABEL_RUNTIME: "1"}):
             state_dir = info.labels.get(LABEL_STATE_DIR)
             if state_dir != self.state_dir_label:
-                if state_dir and not Path(state_dir, "state.sqlite3").exists():
+                if state_dir and not state_dir_in_use(Path(state_dir)):
                     removals.append(self._remove(info, "orphan: its state directory is gone"))
                 continue
             conversation = self.conversation_of(info)

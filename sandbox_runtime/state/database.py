@@ -1,6 +1,7 @@
 """The runtime's state: conversations, sandboxes, run numbering, the decision made for every tool result
 (persisted replacements), the files retention removed, and which live process uses what (its
-:class:`~sandbox_runtime.state.leases.Leases`, as ``StateDB.leases``).
+:class:`~sandbox_runtime.state.leases.Leases`, as ``StateDB.leases``) and which of them runs a call id now
+(:class:`~sandbox_runtime.state.claims.CallClaims`, as ``StateDB.claims``).
 
 The records are kept by a :class:`~sandbox_runtime.state.engine.StateEngine`: the embedded SQLite file in the state
 directory by default, or a PostgreSQL server several replicas share. Every write is one statement or one
@@ -17,11 +18,13 @@ from pydantic import BaseModel
 
 from sandbox_runtime.errors import ConversationDeleted
 from sandbox_runtime.models import Attachment, CallRecord, ResultDescriptor, StoredResult
+from sandbox_runtime.state.claims import CallClaims
 from sandbox_runtime.state.engine import Row, StateEngine
-from sandbox_runtime.state.leases import Leases
-from sandbox_runtime.state.records import ConversationRecord, ExpiredFile, SandboxRecord
+from sandbox_runtime.state.leases import LEASE_TTL_S, Leases
+from sandbox_runtime.state.records import ConversationRecord, ExpiredFile, SandboxRecord, StoreReport
 from sandbox_runtime.state.schema import SCHEMA_VERSION, migrate
 from sandbox_runtime.state.sqlite import STATE_PATH_MAX_BYTES, SqliteEngine
+from sandbox_runtime.state.tasks import TaskRecords
 
 __all__ = ["SCHEMA_VERSION", "STATE_PATH_MAX_BYTES", "StateDB"]
 
@@ -45,6 +48,20 @@ def _descriptor(text: str | None) -> ResultDescriptor | None:
 def _columns(model: type[BaseModel]) -> str:
     """The columns of a table whose rows are ``model``'s records (an engine's own columns left out)."""
     return ", ".join(model.model_fields)
+
+
+# every table with rows of one conversation (deleted with it)
+_CONVERSATION_TABLES = (
+    "sandboxes",
+    "tool_results",
+    "calls",
+    "attachments",
+    "expired_files",
+    "holds",
+    "call_claims",
+    "tasks",
+    "turn_totals",
+)
 
 
 def _marks(model: type[BaseModel]) -> str:
@@ -81,14 +98,22 @@ class StateDB:
     of a newer schema version raises :class:`~sandbox_runtime.errors.StateVersionUnknown`; one the engine cannot
     reach, :class:`~sandbox_runtime.errors.StateUnavailable`."""
 
-    def __init__(self, where: Path | StateEngine) -> None:
+    def __init__(self, where: Path | StateEngine, *, lease_ttl_s: float = LEASE_TTL_S) -> None:
         self.engine: StateEngine = SqliteEngine(where) if isinstance(where, Path) else where
         try:
             migrate(self.engine)
         except BaseException:
             self.engine.close()
             raise
-        self.leases = Leases(self.engine)
+        self.leases = Leases(self.engine, lease_ttl_s)
+        self.claims = CallClaims(self.engine, self.leases)
+        self.tasks = TaskRecords(self.engine)
+
+    def report(self) -> StoreReport:
+        """Where the state lives and its schema version."""
+        with self.engine.statements() as db:
+            version = self.engine.schema_version(db) or 0
+        return StoreReport(store=self.engine.kind, where=self.engine.shown, schema_version=version)
 
     def open_connections(self) -> int:
         """How many connections the engine has open now."""
@@ -126,7 +151,7 @@ class StateDB:
 
     def forget_conversation(self, conversation_id: str) -> None:
         with self.engine.transaction() as db:
-            for table in ("sandboxes", "tool_results", "calls", "attachments", "expired_files", "holds"):
+            for table in _CONVERSATION_TABLES:
                 db.run(f"DELETE FROM {table} WHERE conversation_id = ?", (conversation_id,))  # noqa: S608  (table names from our own list)
             db.run("DELETE FROM conversations WHERE id = ?", (conversation_id,))
 
@@ -238,6 +263,32 @@ class StateDB:
                 (conversation_id,),
             )
         return [_call_record(row) for row in rows]
+
+    # turns ----------------------------------------------------------------------------------------------
+    def turn_shown(self, conversation_id: str, turn_id: str) -> int:
+        """How many characters the turn's decided calls showed so far (in every runtime)."""
+        with self.engine.statements() as db:
+            row = db.row(
+                "SELECT shown_chars FROM turn_totals WHERE conversation_id = ? AND turn_id = ?",
+                (conversation_id, turn_id),
+            )
+        return 0 if row is None else int(row["shown_chars"])
+
+    def add_turn_shown(self, conversation_id: str, turn_id: str, chars: int, when: float) -> None:
+        """Count ``chars`` more shown by the turn (added in one statement: two runtimes adding at once both
+        count)."""
+        with self.engine.transaction(durable=False) as db:  # a crash forgets at most what a turn showed
+            db.run(
+                "INSERT INTO turn_totals(conversation_id, turn_id, shown_chars, updated_at) VALUES (?, ?, ?, ?) "
+                "ON CONFLICT(conversation_id, turn_id) DO UPDATE SET "
+                "shown_chars = turn_totals.shown_chars + excluded.shown_chars, updated_at = excluded.updated_at",
+                (conversation_id, turn_id, chars, when),
+            )
+
+    def forget_turns_before(self, when: float) -> None:
+        """Drop the totals of turns not added to since ``when``."""
+        with self.engine.statements() as db:
+            db.run("DELETE FROM turn_totals WHERE updated_at < ?", (when,))
 
     # attachments ------------------------------------------------------------------------------------------
     def record_attachment(self, conversation_id: str, a: Attachment) -> None:

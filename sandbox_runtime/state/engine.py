@@ -15,6 +15,8 @@ from collections.abc import Iterable, Sequence
 from contextlib import AbstractContextManager
 from typing import Any, Literal, Protocol
 
+from sandbox_runtime.state.locks import OuterLock
+
 __all__ = ["EngineKind", "Row", "StateEngine", "Statements"]
 
 Row = dict[str, Any]
@@ -64,8 +66,16 @@ class StateEngine(Protocol):
 
     def set_schema_version(self, tx: Statements, version: int) -> None: ...
 
+    def columns(self, tx: Statements, table: str) -> set[str]:
+        """The names of a table's columns."""
+        ...
+
     def ddl(self, statement: str) -> str:
         """A schema statement (written for SQLite) as this engine spells it."""
+        ...
+
+    def lock(self, name: str) -> OuterLock:
+        """The lock of this name across the processes that share the state (a new holder object each call)."""
         ...
 
     def open_connections(self) -> int:

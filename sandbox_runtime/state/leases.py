@@ -20,7 +20,9 @@ from pydantic import BaseModel, ConfigDict
 from sandbox_runtime.processes import pid_exists, process_start
 from sandbox_runtime.state.engine import StateEngine
 
-__all__ = ["LEASE_TABLES", "HoldRecord", "LeaseRecord", "Leases", "lease_is_alive"]
+__all__ = ["LEASE_TABLES", "LEASE_TTL_S", "HoldRecord", "LeaseRecord", "Leases", "lease_is_alive"]
+
+LEASE_TTL_S = 30.0  # the policy's default state.lease_ttl_s
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS leases (
@@ -29,7 +31,8 @@ CREATE TABLE IF NOT EXISTS leases (
     process_start TEXT,
     host TEXT NOT NULL,
     started_at REAL NOT NULL,
-    policy_digest TEXT NOT NULL
+    policy_digest TEXT NOT NULL,
+    renewed_at REAL
 );
 CREATE TABLE IF NOT EXISTS holds (
     lease_id TEXT NOT NULL,
@@ -56,6 +59,7 @@ class LeaseRecord(BaseModel):
     host: str
     started_at: float
     policy_digest: str
+    renewed_at: float | None = None  # its last renewal (its clock); None: never renewed since it started
 
 
 class HoldRecord(BaseModel):
@@ -73,21 +77,25 @@ class HoldRecord(BaseModel):
     host: str
 
 
-def lease_is_alive(lease: LeaseRecord, host: str | None = None) -> bool:
-    """Whether the lease's process still runs. A lease of another host counts as alive (it cannot be checked
-    from here); on this host the pid must exist with the same start time (a reused pid is another process)."""
+def lease_is_alive(lease: LeaseRecord, ttl_s: float, host: str | None = None, now: float | None = None) -> bool:
+    """Whether the lease's process still runs. On this host the pid must exist with the same start time (a reused
+    pid is another process); a lease of another host, which cannot be checked from here, counts as alive while
+    it was renewed within ``ttl_s`` seconds."""
     if lease.host != (host or socket.gethostname()):
-        return True
+        renewed = lease.started_at if lease.renewed_at is None else lease.renewed_at
+        return (time.time() if now is None else now) - renewed <= ttl_s
     if lease.process_start is None:
         return pid_exists(lease.pid)
     return process_start(lease.pid) == lease.process_start
 
 
 class Leases:
-    """The leases and holds of one state database (its tables are made with the schema: ``LEASE_TABLES``)."""
+    """The leases and holds of one state database (its tables are made with the schema: ``LEASE_TABLES``). A
+    lease of another host counts as gone once it was not renewed for ``ttl_s`` seconds (:meth:`renew`)."""
 
-    def __init__(self, engine: StateEngine) -> None:
+    def __init__(self, engine: StateEngine, ttl_s: float) -> None:
         self._engine = engine
+        self.ttl_s = ttl_s
 
     def open(self, policy_digest: str, *, pid: int | None = None) -> LeaseRecord:
         """Register a runtime process (this one unless ``pid`` is given)."""
@@ -100,21 +108,44 @@ class Leases:
             started_at=time.time(),
             policy_digest=policy_digest,
         )
-        with self._engine.statements() as db:
-            db.run(
-                "INSERT INTO leases(id, pid, process_start, host, started_at, policy_digest) VALUES (?, ?, ?, ?, ?, ?)",
-                (lease.id, lease.pid, lease.process_start, lease.host, lease.started_at, lease.policy_digest),
-            )
+        self._register(lease)
         return lease
 
+    def _register(self, lease: LeaseRecord) -> None:
+        with self._engine.statements() as db:
+            db.run(
+                "INSERT INTO leases(id, pid, process_start, host, started_at, policy_digest, renewed_at) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT(id) DO NOTHING",
+                (
+                    lease.id,
+                    lease.pid,
+                    lease.process_start,
+                    lease.host,
+                    lease.started_at,
+                    lease.policy_digest,
+                    time.time(),
+                ),
+            )
+
+    def renew(self, lease: LeaseRecord) -> bool:
+        """Renew the lease (its process is alive); False when it had been deleted (counted as gone while it did
+        not renew: a long pause, a state store that was away), and it is registered again (its holds are taken
+        again as it uses its conversations)."""
+        with self._engine.statements() as db:
+            renewed = db.run("UPDATE leases SET renewed_at = ? WHERE id = ?", (time.time(), lease.id))
+        if not renewed:
+            self._register(lease)
+        return bool(renewed)
+
     def close(self, lease_id: str) -> None:
-        """Drop a lease and its holds (its sandboxes and mounts stay as they are)."""
+        """Drop a lease, its holds and its claims (its sandboxes and mounts stay as they are)."""
         self._drop([lease_id])
 
     def _drop(self, lease_ids: list[str]) -> None:
         with self._engine.transaction() as db:
             for lease_id in lease_ids:
                 db.run("DELETE FROM holds WHERE lease_id = ?", (lease_id,))
+                db.run("DELETE FROM call_claims WHERE lease_id = ?", (lease_id,))  # its calls may be run again
                 db.run("DELETE FROM leases WHERE id = ?", (lease_id,))
             db.run("DELETE FROM holds WHERE lease_id NOT IN (SELECT id FROM leases)")  # strays of closed ones
 
@@ -126,9 +157,9 @@ class Leases:
 
     def live(self) -> list[LeaseRecord]:
         """The leases whose process still runs; those of processes that are gone are deleted with their holds."""
-        host = socket.gethostname()
+        host, now = socket.gethostname(), time.time()
         leases = self.registered()
-        dead = [lease for lease in leases if not lease_is_alive(lease, host)]
+        dead = [lease for lease in leases if not lease_is_alive(lease, self.ttl_s, host, now)]
         if dead:
             self._drop([lease.id for lease in dead])
         return [lease for lease in leases if lease not in dead]

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict
 
-__all__ = ["ConversationRecord", "ExpiredFile", "SandboxRecord"]
+__all__ = ["ConversationRecord", "ExpiredFile", "SandboxRecord", "StoreReport"]
 
 
 class ConversationRecord(BaseModel):
@@ -44,3 +44,13 @@ class ExpiredFile(BaseModel):
     bytes: int
     modified_at: float
     removed_at: float
+
+
+class StoreReport(BaseModel):
+    """Where the state lives, as ``doctor`` shows it."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    store: str  # "sqlite" or "postgresql"
+    where: str  # the file, or the server's URL without its password
+    schema_version: int

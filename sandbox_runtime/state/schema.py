@@ -98,9 +98,18 @@ class _Only(NamedTuple):
     statement: str
 
 
+class _AddColumn(NamedTuple):
+    """A column added to a table that may have it already (the lease tables are made as they are now when they
+    are missing, whatever the version)."""
+
+    table: str
+    column: str
+    type: str
+
+
 # _MIGRATIONS[n] takes a database from version n to n + 1 (statements run in one transaction, in order; each engine
 # spells the types its way, see StateEngine.ddl)
-_MIGRATIONS: tuple[tuple[str | _Only, ...], ...] = (
+_MIGRATIONS: tuple[tuple[str | _Only | _AddColumn, ...], ...] = (
     (  # 0 -> 1: the tables (made when missing: a new database starts at 0 too), and attachments by conversation
         *(statement.strip() for statement in _TABLES.split(";") if statement.strip()),
         "CREATE INDEX IF NOT EXISTS attachments_by_conversation ON attachments(conversation_id, created_at)",
@@ -114,6 +123,40 @@ _MIGRATIONS: tuple[tuple[str | _Only, ...], ...] = (
     (  # 2 -> 3: why a call failed, as data (a script's call replayed reads it from its decision)
         "ALTER TABLE calls ADD COLUMN failure TEXT",
         "ALTER TABLE tool_results ADD COLUMN failure TEXT",
+    ),
+    (  # 3 -> 4: what replicas sharing the state need: a lease renewed (one on another host counts as gone once its
+        # renewals stop), a call id claimed by the one runtime that runs it, MCP tasks any replica can read, and
+        # what a turn id has shown so far (its calls may reach several replicas)
+        _AddColumn("leases", "renewed_at", "REAL"),
+        """CREATE TABLE IF NOT EXISTS call_claims (
+            conversation_id TEXT NOT NULL,
+            call_id TEXT NOT NULL,
+            claim TEXT NOT NULL,
+            lease_id TEXT NOT NULL,
+            claimed_at REAL NOT NULL,
+            PRIMARY KEY (conversation_id, call_id)
+        )""",
+        """CREATE TABLE IF NOT EXISTS tasks (
+            task_id TEXT PRIMARY KEY,
+            conversation_id TEXT NOT NULL,
+            lease_id TEXT NOT NULL,
+            ttl_ms INTEGER NOT NULL,
+            created_at REAL NOT NULL,
+            updated_at REAL NOT NULL,
+            status TEXT NOT NULL,
+            status_message TEXT,
+            ended INTEGER NOT NULL DEFAULT 0,
+            result BLOB,
+            error TEXT
+        )""",
+        "CREATE INDEX IF NOT EXISTS tasks_by_conversation ON tasks(conversation_id, created_at)",
+        """CREATE TABLE IF NOT EXISTS turn_totals (
+            conversation_id TEXT NOT NULL,
+            turn_id TEXT NOT NULL,
+            shown_chars INTEGER NOT NULL,
+            updated_at REAL NOT NULL,
+            PRIMARY KEY (conversation_id, turn_id)
+        )""",
     ),
 )
 SCHEMA_VERSION = len(_MIGRATIONS)
@@ -131,14 +174,17 @@ def migrate(engine: StateEngine) -> None:
                 f"knows ({SCHEMA_VERSION}): it was written by a newer version; open it with that version (or "
                 "newer), or use another state directory"
             )
+        for statement in LEASE_TABLES:  # first: a step may change them
+            tx.run(engine.ddl(statement))
         for version in range(found, SCHEMA_VERSION):
             for step in _MIGRATIONS[version]:
                 if isinstance(step, str):
                     tx.run(engine.ddl(step))
+                elif isinstance(step, _AddColumn):
+                    if step.column not in engine.columns(tx, step.table):
+                        tx.run(engine.ddl(f"ALTER TABLE {step.table} ADD COLUMN {step.column} {step.type}"))
                 elif step.kind == engine.kind:
                     tx.run(step.statement)
-        for statement in LEASE_TABLES:
-            tx.run(engine.ddl(statement))
         if found != SCHEMA_VERSION or recorded is None:
             engine.set_schema_version(tx, SCHEMA_VERSION)
     if recorded is None:

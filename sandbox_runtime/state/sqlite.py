@@ -20,6 +20,7 @@ from typing import Any
 
 from sandbox_runtime.errors import StateUnavailable
 from sandbox_runtime.state.engine import EngineKind, Row, Statements
+from sandbox_runtime.state.locks import FileLock
 
 __all__ = ["STATE_PATH_MAX_BYTES", "SqliteEngine"]
 
@@ -162,8 +163,17 @@ class SqliteEngine:
     def set_schema_version(self, tx: Statements, version: int) -> None:
         tx.run(f"PRAGMA user_version = {int(version)}")
 
+    def columns(self, tx: Statements, table: str) -> set[str]:
+        return {row["name"] for row in tx.rows("SELECT name FROM pragma_table_info(?)", (table,))}
+
     def ddl(self, statement: str) -> str:
         return statement
+
+    def lock(self, name: str) -> FileLock:
+        """A file under ``STATE_DIR/locks`` (the state's processes share this host)."""
+        folder = self.path.parent / "locks"
+        folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+        return FileLock(folder / name)
 
     def open_connections(self) -> int:
         """How many connections are open now (one per thread that used the database and is still running)."""
