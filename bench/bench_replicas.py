@@ -82,7 +82,7 @@ START_S = 60.0  # until a server prints its URL
 STOP_S = 30.0  # after SIGTERM, before SIGKILL
 CALL_S = 120.0  # one call
 REFILL_S = 180.0  # until the warm pools are full again after the warm-up
-QUIET = ("serving MCP at ", "SIGTERM: stopping")  # what serve says at every start and stop
+QUIET = ("serving MCP at ", "SIGTERM: stopping", "state on ")  # what serve says at every start and stop
 
 
 @dataclass

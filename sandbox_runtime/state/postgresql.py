@@ -1,11 +1,12 @@
 """The shared state engine: a PostgreSQL server that several runtime replicas (on one host or many) use at once.
 
-Statements run on connections borrowed from a pool (psycopg 3), each checked before it is lent, so that a server
-that restarted is reconnected to by itself; every statement outside a transaction commits on its own. A write
-transaction is PostgreSQL's own (read committed: every multi-statement write of the state is a set of
-conditional inserts and updates that stay right under it), and migrations take a transaction-level advisory lock
-so that replicas starting together migrate once. ``durable=False`` commits with ``synchronous_commit`` off for
-that one transaction. The schema version is the one row of the ``schema_version`` table.
+Statements run on connections borrowed from a pool (psycopg 3); one idle for over a second is checked before it
+is lent, so that a server that restarted is reconnected to by itself; every statement outside a transaction
+commits on its own. A write transaction is PostgreSQL's own (read committed: every multi-statement write of the
+state is a set of conditional inserts and updates that stay right under it), and migrations take a
+transaction-level advisory lock so that replicas starting together migrate once. ``durable=False`` commits with
+``synchronous_commit`` off for that one transaction. The schema version is the one row of the ``schema_version``
+table.
 
 The named locks (:mod:`~sandbox_runtime.state.locks`: a conversation's claim and run locks) are session-level
 advisory locks, all held on one connection of their own: a replica that dies ends its session, and the server
@@ -25,6 +26,8 @@ import hashlib
 import logging
 import re
 import threading
+import time
+import weakref
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import AbstractContextManager as ContextManager
 from typing import Any
@@ -42,6 +45,9 @@ __all__ = ["PostgresEngine", "shown_url"]
 
 logger = logging.getLogger(__name__)
 
+# a connection used within this long is lent without a round trip to check it: a server restart in that second
+# fails one statement on it (StateUnavailable), and the connection is replaced
+_CHECKED_AFTER_S = 1.0
 _MIGRATION_LOCK = 0x73616E64626F78  # the advisory lock migrations take ("sandbox"): one migrates, the rest wait
 _TYPES = (
     (re.compile(r"\bREAL\b"), "DOUBLE PRECISION"),
@@ -190,6 +196,7 @@ class PostgresEngine:
             functools.partial(psycopg.Connection.connect, url, **connection_settings), self._mapped
         )
         self._pool_guard = threading.Lock()
+        self._used: weakref.WeakKeyDictionary[psycopg.Connection[Row], float] = weakref.WeakKeyDictionary()
         self._pool: ConnectionPool[psycopg.Connection[Row]] = self._opened_pool()
 
     def _opened_pool(self) -> ConnectionPool[psycopg.Connection[Row]]:
@@ -200,7 +207,7 @@ class PostgresEngine:
             max_size=self._connections_max,
             open=False,
             timeout=self._timeout_s,
-            check=ConnectionPool.check_connection,
+            check=self._check,
             name="sandbox-runtime-state",
             kwargs=self._settings,
         )
@@ -236,14 +243,48 @@ class PostgresEngine:
                 said = said.replace(self._password, "***")
             raise StateUnavailable(f"the state database {self.shown} is not available: {said}") from None
 
+    def _check(self, conn: psycopg.Connection[Row]) -> None:
+        """Before a connection is lent: one idle for longer than :data:`_CHECKED_AFTER_S` is checked with a round
+        trip (one the server ended is replaced); one used just now is lent as it is."""
+        if time.monotonic() - self._used.get(conn, 0.0) > _CHECKED_AFTER_S:
+            ConnectionPool.check_connection(conn)
+
+    @contextlib.contextmanager
+    def _connection(self) -> Iterator[psycopg.Connection[Row]]:
+        with self._mapped():
+            pool = self._open_pool()
+            try:
+                conn = pool.getconn()
+            except PoolTimeout:
+                pool = self._restarted(pool)
+                conn = pool.getconn()
+            try:
+                yield conn
+            finally:
+                self._used[conn] = time.monotonic()
+                pool.putconn(conn)  # one the server broke, or left in a transaction, is not lent again
+
+    def _restarted(self, pool: ConnectionPool[psycopg.Connection[Row]]) -> ConnectionPool[psycopg.Connection[Row]]:
+        """A pool that lost its connections (the server went away) waits out a growing back-off before it tries
+        again: once the server is back, a new pool connects at once. One with all its connections lent is only
+        busy: its :class:`PoolTimeout` stands."""
+        if pool.get_stats().get("pool_size", 0) >= self._connections_max:
+            raise PoolTimeout("every connection is busy")
+        psycopg.Connection.connect(self._url, **self._settings).close()  # still away: its own error, at once
+        with self._pool_guard:
+            if self._pool is pool:
+                self._pool = self._opened_pool()
+                pool.close(timeout=0)
+            return self._pool
+
     @contextlib.contextmanager
     def statements(self) -> Iterator[Statements]:
-        with self._mapped(), self._open_pool().connection() as conn:
+        with self._connection() as conn:
             yield _Statements(conn)
 
     @contextlib.contextmanager
     def transaction(self, *, durable: bool = True, exclusive: bool = False) -> Iterator[Statements]:
-        with self._mapped(), self._open_pool().connection() as conn, conn.transaction():
+        with self._connection() as conn, conn.transaction():
             tx = _Statements(conn)
             if exclusive:
                 tx.run("SELECT pg_advisory_xact_lock(?)", (_MIGRATION_LOCK,))
