@@ -254,3 +254,22 @@ def test_tasks_of_a_runtime_that_died_never_hold_the_place_of_new_ones(state_db:
         assert live.wait(started, timeout_s=WAIT_S)
     finally:
         release.set()
+
+
+def test_a_call_that_becomes_a_task_just_as_it_ends_is_kept_with_its_result(
+    state_url: str | None, tmp_path: Path, workers: Workers
+) -> None:
+    here, there = _second(state_url, tmp_path), _second(state_url, tmp_path)
+    try:
+        store = TaskStore(McpPolicy(), here, here.leases.open("digest").id, workers.submit)
+        result = mcp_types.CallToolResult(content=[mcp_types.TextContent(text="done")])
+        task = store.start("c1", None, CallControl(), lambda: result, announce=False)  # may become a task
+        assert store.wait(task, timeout_s=WAIT_S)  # it ended before it was announced: nothing written yet
+        store.announce(task)  # its time was up just then: the client is told of a task
+        other = TaskStore(McpPolicy(), there, there.leases.open("digest").id, workers.submit)
+        seen = other.get("c1", task.task_id)  # another replica answers for it, ended, result and all
+        assert seen.status == "completed"
+        assert seen.payload()["content"][0]["text"] == "done"
+    finally:
+        here.close()
+        there.close()

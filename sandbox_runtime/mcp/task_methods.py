@@ -170,7 +170,7 @@ class TaskMethods:
         if ended:
             self._store.forget(task.task_id)
             return serialize_server_result("tools/call", ctx.protocol_version, task.result or {})
-        task = self._store.announce(task.task_id)
+        task = self._store.announce(task)
         logger.info("tools/call %s in %s became task %s", params.name, work.conversation, task.task_id)
         shown = task.detailed(ctx.protocol_version)
         shown.pop("result", None)  # it may have ended since: the client reads the result with tasks/get

@@ -231,14 +231,16 @@ class TaskStore:
         self._run_in_pool(lambda: self._run(running, work))
         return task
 
-    def announce(self, task_id: str) -> TrackedTask:
-        """Write a task started unannounced to the state (it may have ended since), and return it."""
+    def announce(self, task: TrackedTask) -> TrackedTask:
+        """Write a task started unannounced to the state, as it is now (it may have ended meanwhile), and return
+        it."""
         with self._lock:
-            running = self._running.get(task_id)
-            if running is not None and not running.stored:
-                self._records.add(running.task.record())
+            running = self._running.get(task.task_id)
+            if running is None or not running.stored:
+                self._records.add(task.record())
+            if running is not None:
                 running.stored = True
-        return self.get(running.task.conversation if running else "", task_id)
+        return task
 
     def _run(self, running: _Running, work: Callable[[], types.CallToolResult]) -> None:
         task = running.task
@@ -311,6 +313,8 @@ class TaskStore:
         """Wait until the task's call ended (at most ``timeout_s``; None: as long as it runs); whether it did."""
         with self._lock:
             running = self._running.get(task.task_id)
+            if task.ended:  # one of this runtime's, ended (``start`` returned the very object its run updates)
+                return True
         if running is not None:
             return running.done.wait(timeout_s)
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
