@@ -72,7 +72,7 @@ class ConversationLocks:
 
 class HostLocks:
     """The lock of each conversation across the processes that share the state: ``locks(conversation_id)`` is a
-    context manager holding it; :meth:`run_file` is its run lock, apart from it. Any label value is a safe key (one
+    context manager holding it; :meth:`run_lock` is its run lock, apart from it. Any label value is a safe key (one
     that is not a conversation id is named by a hash)."""
 
     def __init__(self, outer: Callable[[str], OuterLock]) -> None:
