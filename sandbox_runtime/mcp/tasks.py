@@ -216,16 +216,15 @@ class TaskStore:
             lease_id=self._lease_id,
             created=time.time(),
         )
-        self._records.purge(time.time(), self._kept_max)
-        if len(self._records.running()) >= self._kept_max and (
-            self._lose_orphans() == 0 or len(self._records.running()) >= self._kept_max
-        ):
-            raise MCPError(
-                code=types.INTERNAL_ERROR, message=f"{self._kept_max} tasks are still running; try again later"
-            )
+        if len(self._records.running()) >= self._kept_max:
+            self._lose_orphans()  # a dead runtime's never end by themselves
+            if len(self._records.running()) >= self._kept_max:
+                raise MCPError(
+                    code=types.INTERNAL_ERROR, message=f"{self._kept_max} tasks are still running; try again later"
+                )
         running = _Running(task, control, stored=announce)
         if announce:
-            self._records.add(task.record())
+            self._add(task)
         with self._lock:
             self._running[task.task_id] = running
         self._run_in_pool(lambda: self._run(running, work))
@@ -237,10 +236,16 @@ class TaskStore:
         with self._lock:
             running = self._running.get(task.task_id)
             if running is None or not running.stored:
-                self._records.add(task.record())
+                self._add(task)
             if running is not None:
                 running.stored = True
         return task
+
+    def _add(self, task: TrackedTask) -> None:
+        """Write a new task to the state, the expired and surplus ended ones going first (the table grows only
+        here)."""
+        self._records.purge(time.time(), self._kept_max)
+        self._records.add(task.record())
 
     def _run(self, running: _Running, work: Callable[[], types.CallToolResult]) -> None:
         task = running.task
@@ -286,13 +291,12 @@ class TaskStore:
             record = self._records.get(task_id) or record
         return TrackedTask.of(record)
 
-    def _lose_orphans(self) -> int:
-        """End the tasks whose runtime is gone (they would count as running for ever); how many there were."""
+    def _lose_orphans(self) -> None:
+        """End the tasks whose runtime is gone (they would count as running for ever)."""
         live = {lease.id for lease in self._leases.live()}
         orphans = [task_id for task_id, lease_id in self._records.running() if lease_id not in live]
         for task_id in orphans:
             self._lose(task_id)
-        return len(orphans)
 
     def _alive(self, lease_id: str) -> bool:
         return lease_id in {lease.id for lease in self._leases.live()}
@@ -361,9 +365,7 @@ class TaskStore:
     def forget(self, task_id: str) -> None:
         """Drop a task its client was never told of (its call was answered with the result itself)."""
         with self._lock:
-            running = self._running.pop(task_id, None)
-        if running is None or running.stored:
-            self._records.forget(task_id)
+            self._running.pop(task_id, None)  # never announced: nothing of it is in the state
 
     def listed(self, conversation: str) -> list[TrackedTask]:
         return [self.get(conversation, record.task_id) for record in self._records.of_conversation(conversation)]

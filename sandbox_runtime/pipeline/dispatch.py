@@ -144,17 +144,19 @@ class Dispatcher:
         control: CallControl | None = None,
         made_by: tuple[str, str] | None = None,
         context: ToolContext | None = None,
+        stored: dict[str, StoredResult] | None = None,
     ) -> Call:
         """The first half of a turn, for one call that arrived on its own (an MCP request, or a script's call:
         ``made_by`` names the tool that made it and where its arguments came from, ``context`` is its run's):
         run it (or find its stored decision) and spill its result. The caller claimed its call id
         (:attr:`claimer`) or it is a script's. Its decision is made by :meth:`settle`,
         together with the other calls of its turn. ``control`` lets the caller cancel the run and hear its
-        progress."""
-        if not item.call_id:
-            item = item.model_copy(update={"call_id": _new_call_id()})
+        progress; ``stored``: its stored decision as the caller just read it (after its claim), when it did."""
+        if not item.call_id:  # a fresh id: decided never
+            item, stored = item.model_copy(update={"call_id": _new_call_id()}), {}
         call_id = check_call_id(item.call_id)
-        stored = self.state.stored_results(conversation_id, [call_id])
+        if stored is None:
+            stored = self.state.stored_results(conversation_id, [call_id])
         context = context or self._context(conversation_id)
         prepared, failures = self._prepare_all(context, [item], stored, approver, control, made_by)
         if failures:

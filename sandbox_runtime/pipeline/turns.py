@@ -68,13 +68,13 @@ class TurnGate:
         """Run one call as part of its turn; return its outcome and the report of the group it was decided in."""
         if turn_id is not None and not 0 < len(turn_id) <= _TURN_ID_MAX_CHARS:
             raise InvalidToolArguments(f"a turn id must be 1 to {_TURN_ID_MAX_CHARS} characters")
-        stored: dict[str, StoredResult] = {}
+        stored: dict[str, StoredResult] | None = None  # a fresh id is decided never: prepare makes one
         claims = []
         if item.call_id:  # claimed before it joins a group: one that waits for its id's run holds up no group
             stored = self._dispatcher.state.stored_results(conversation_id, [item.call_id])
             claims = self._dispatcher.claimer.claim(conversation_id, [item.call_id], stored, control)
-        try:
-            group, prepared = self._join_and_prepare(conversation_id, item, turn_id, approver, control)
+        try:  # the decision as read after the claim: its holder alone may store one now
+            group, prepared = self._join_and_prepare(conversation_id, item, turn_id, approver, control, stored)
         finally:
             self._dispatcher.claimer.give_back(conversation_id, claims)  # after the decision was stored
         if group.failure is not None:
@@ -90,6 +90,7 @@ class TurnGate:
         turn_id: str | None,
         approver: Approver | None,
         control: CallControl | None,
+        stored: dict[str, StoredResult] | None,
     ) -> tuple[_Group, Call]:
         """Run the call as a member of its group, and wait until the group was decided."""
         key = (conversation_id, turn_id)
@@ -99,7 +100,9 @@ class TurnGate:
                 group = self._open[key] = _Group(turn_id or f"turn-{uuid.uuid4().hex[:16]}")
             group.running += 1
         try:
-            prepared = self._dispatcher.prepare(conversation_id, item, approver=approver, control=control)
+            prepared = self._dispatcher.prepare(
+                conversation_id, item, approver=approver, control=control, stored=stored
+            )
         except BaseException:
             if self._finish(key, group, None):
                 self._settle(conversation_id, turn_id, group)  # the others of the group still get decided

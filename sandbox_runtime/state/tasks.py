@@ -112,10 +112,6 @@ class TaskRecords:
             )
         return [row["task_id"] for row in rows]
 
-    def forget(self, task_id: str) -> None:
-        with self._engine.statements() as db:
-            db.run("DELETE FROM tasks WHERE task_id = ?", (task_id,))
-
     def purge(self, now: float, kept_max: int) -> None:
         """Delete ended tasks past their ttl (counted from their creation), then the oldest ended ones while more
         than ``kept_max`` are kept."""
