@@ -52,6 +52,7 @@ without importing this module.
 from __future__ import annotations
 
 __all__ = [
+    "AdmissionRefused",
     "BadTableFile",
     "CallStillRunning",
     "ConversationDeleted",
@@ -61,6 +62,7 @@ __all__ = [
     "FileTooLarge",
     "ImageError",
     "InvalidConversationId",
+    "InvalidTenant",
     "InvalidToolArguments",
     "OutputsFull",
     "PathExists",
@@ -97,6 +99,10 @@ class InvalidConversationId(SandboxRuntimeError, ValueError):
     """A conversation id is empty, too long, or has characters outside ``[A-Za-z0-9_-]``."""
 
 
+class InvalidTenant(SandboxRuntimeError, ValueError):
+    """A tenant name is empty, longer than 256 characters, or holds control characters."""
+
+
 class ToolFailure(SandboxRuntimeError):
     """What the model sent, or a file the sandbox wrote, cannot be used; the model reads the message as a tool
     error. The call pipeline catches this root (and only infrastructure failures reach the host)."""
@@ -120,6 +126,16 @@ class StateUnavailable(SandboxRuntimeError):
 
 class ConversationDeleted(SandboxRuntimeError):
     """The conversation was deleted; open it again with ``runtime.conversation(id)`` to start it afresh."""
+
+
+class AdmissionRefused(SandboxRuntimeError):
+    """A call of a tenant over its share did not get its turn: it waited ``admission.max_wait_s`` in the queue, or
+    its tenant's results folders are over ``admission.tenant_disk_max_bytes``. Nothing ran; ``retry_after_s`` says
+    when trying again makes sense."""
+
+    def __init__(self, message: str, *, retry_after_s: float) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
 
 
 class CallStillRunning(SandboxRuntimeError):

@@ -102,6 +102,7 @@ class ToolOutcome(BaseModel):
     blocks: list[dict[str, Any]] = Field(default_factory=list)  # MCP content blocks after the text (not replayed)
     annotations: dict[str, Any] | None = None  # MCP annotations of the text block (not replayed)
     structured: Any = None  # a host tool's own structured result, when it gave one (not replayed)
+    queued_s: float = 0.0  # how long it waited for a run slot of its tenant (fair admission; not replayed)
 
 
 class TurnReport(BaseModel):

@@ -18,10 +18,13 @@ from urllib.parse import urlsplit
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from sandbox_runtime.errors import PolicyError
+from sandbox_runtime.tenant_policy import AdmissionPolicy, McpAuthPolicy
 
 __all__ = [
     "BUILTIN_POLICY_NAMES",
+    "AdmissionPolicy",
     "ApprovalPolicy",
+    "McpAuthPolicy",
     "McpPolicy",
     "Policy",
     "PoolPolicy",
@@ -440,6 +443,7 @@ class McpPolicy(_Model):
     shutdown_retry_after_s: PositiveInt = Field(
         5, description="While `serve --http` stops, a new call gets 503 with this many seconds in Retry-After."
     )
+    auth: McpAuthPolicy = McpAuthPolicy()
 
     @model_validator(mode="after")
     def _upstream_names(self) -> McpPolicy:
@@ -465,6 +469,7 @@ class Policy(_Model):
     approval: ApprovalPolicy = ApprovalPolicy()
     sql: SqlPolicy = SqlPolicy()
     mcp: McpPolicy = McpPolicy()
+    admission: AdmissionPolicy = AdmissionPolicy()
 
     def changed(self, changes: dict[str, Any], source: str) -> Policy:
         """This policy with ``changes`` (a nested mapping, like a policy file) laid on top, validated again;

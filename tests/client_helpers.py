@@ -158,7 +158,7 @@ def check_one_conversation_did_the_work(runtime_factory: RuntimeFactory, state: 
     records = runtime.state.conversations()
     assert len(records) == 1, f"the walk made {len(records)} conversations: {[r.id for r in records]}"
     (record,) = records
-    (attachment,) = runtime.conversation(record.id).attachments()
+    (attachment,) = runtime.conversation_by_key(record.id).attachments()
     assert attachment.filename == EXPORT_FILENAME
     sheet = openpyxl.load_workbook(io.BytesIO(Path(attachment.host_path).read_bytes()), read_only=True).active
     assert sheet is not None

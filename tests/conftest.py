@@ -183,7 +183,7 @@ def docker_runtime_factory(
 def _delete_everything(runtime: Runtime) -> None:
     """Delete every conversation of the runtime (sandboxes, mounts, files), then close it."""
     for record in runtime.state.conversations():
-        runtime.conversation(record.id).delete()
+        runtime.conversation_by_key(record.id).delete()
     # folders of conversations the state no longer knows (a test may forget one on purpose)
     for folder in sorted((runtime.state_dir / "conversations").glob("*")):
         mode: QuotaMode = "loop" if os.path.ismount(folder / "results") else "measured"

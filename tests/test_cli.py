@@ -252,7 +252,7 @@ def test_serve_http_on_a_port_in_use_is_a_usage_error_at_start(tmp_path: Path, h
 def test_serve_http_off_loopback_without_a_token_is_a_usage_error(tmp_path: Path) -> None:
     env = {"SANDBOX_RUNTIME_MCP_TOKEN": ""}
     line = _one_line_usage_error(cli("--state-dir", str(tmp_path / "s"), "serve", "--http", "0.0.0.0:0", env=env))
-    assert "needs a bearer token" in line
+    assert "needs OAuth (mcp.auth) or a bearer token" in line
 
 
 def test_a_stdio_client_keeps_its_sandbox_between_sessions_and_its_exit_ends_it_keeping_the_folder(
@@ -286,7 +286,7 @@ def test_a_stdio_client_keeps_its_sandbox_between_sessions_and_its_exit_ends_it_
 def test_the_help_lists_the_commands_an_operator_runs_and_no_internal_one() -> None:
     done = cli("--help")
     assert done.returncode == 0
-    assert "{doctor,image,serve,demo,gc,ls,kube,state}" in done.stdout
+    assert "{doctor,image,serve,demo,gc,ls,kube,state,audit}" in done.stdout
     assert "release-when-client-exits" not in done.stdout  # serve's own helper process: still runs, never listed
     assert "exit codes: 0 success" in done.stdout
     assert cli("release-when-client-exits", "--help").returncode == 0

@@ -37,7 +37,7 @@ def test_the_demo_plays_every_step_and_its_files_open_run_after_run(
 
     runtime = runtime_factory(state_dir=served_state)
     (record,) = runtime.state.conversations()
-    conversation = runtime.conversation(record.id)
+    conversation = runtime.conversation_by_key(record.id)
     results = conversation.folders.results
     with (results / "exports" / "sql_query-c2.csv").open(newline="", encoding="utf-8") as exported:
         rows = list(csv.reader(exported))

@@ -165,5 +165,5 @@ def test_an_mcp_client_hears_the_engines_restart_as_a_tool_error_and_the_server_
     assert "after" in after
     runtime = runtime_factory(state_dir=state)  # and the server's conversation is deleted afterwards
     (record,) = runtime.state.conversations()
-    (sandbox,) = _sandboxes(runtime.conversation(record.id))
+    (sandbox,) = _sandboxes(runtime.conversation_by_key(record.id))
     assert sandbox[1]  # one sandbox, running: the one the server started after the engine came back

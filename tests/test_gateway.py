@@ -154,7 +154,7 @@ def test_an_mcp_client_sends_a_large_insert_by_delegate_call_and_gets_the_rows_a
     assert any("/errors/" in link.uri for link in links_of(zone))  # … and its full error is saved
     runtime = runtime_factory(state_dir=state)
     (record,) = runtime.state.conversations()
-    calls = {c.tool: c for c in runtime.conversation(record.id).calls()}
+    calls = {c.tool: c for c in runtime.conversation_by_key(record.id).calls()}
     assert calls["delegate_call"].target == "sqlite__write_query"
     assert calls["delegate_call"].expanded is not None
     assert len(calls["delegate_call"].expanded) > 100_000

@@ -116,7 +116,7 @@ def test_a_declined_approval_is_a_tool_error_and_nothing_is_attached(
     run_bounded(scenario)
     runtime = fake_runtime_factory(state_dir=state)
     (record,) = runtime.state.conversations()
-    assert runtime.conversation(record.id).attachments() == []
+    assert runtime.conversation_by_key(record.id).attachments() == []
 
 
 def test_a_client_without_elicitation_gets_the_policys_fallback(
@@ -216,5 +216,5 @@ def test_serving_http_off_loopback_without_a_token_is_refused_before_anything_st
     environment = {k: v for k, v in os.environ.items() if k != "SANDBOX_RUNTIME_MCP_TOKEN"}
     done = subprocess.run(command, capture_output=True, text=True, timeout=60, env=environment, check=False)
     assert done.returncode == 2
-    assert "needs a bearer token: set $SANDBOX_RUNTIME_MCP_TOKEN" in done.stderr
+    assert "needs OAuth (mcp.auth) or a bearer token: set $SANDBOX_RUNTIME_MCP_TOKEN" in done.stderr
     assert not (tmp_path / "state").exists()

@@ -201,7 +201,7 @@ def test_cancelling_a_task_ends_its_run_in_the_sandbox(runtime_factory: RuntimeF
 def started_conversation(host: Any, deadline: float) -> str:
     while time.monotonic() < deadline:
         for record in host.state.conversations():
-            if (host.conversation(record.id).folders.results / "started").exists():
+            if (host.conversation_by_key(record.id).folders.results / "started").exists():
                 return str(record.id)
         time.sleep(0.05)  # polling a condition, bounded
     raise AssertionError("the task's run did not start")

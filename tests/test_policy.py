@@ -41,6 +41,12 @@ UNIT_SUFFIXES = (
     "namespace",  # Kubernetes: names of the cluster's own objects, not limits
     "gvisor_runtime_class",
     "storage_class",
+    "issuer",  # OAuth: who signs tokens, for whom, with what (names and URLs, not limits)
+    "audience",
+    "jwks_file",
+    "required_scopes",
+    "tenant_claim",
+    "algorithms",
 )
 
 

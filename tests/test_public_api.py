@@ -39,8 +39,8 @@ def test_only_the_docker_backend_imports_docker() -> None:
 # the layers, lowest first: a module may import its own layer and those below it, never one above
 LAYERS: tuple[tuple[str, frozenset[str]], ...] = (
     ("errors", frozenset({"errors", "control", "processes", "workers"})),
-    ("models", frozenset({"models"})),
-    ("policy", frozenset({"policy"})),
+    ("models", frozenset({"models", "tenancy"})),  # tenancy: conversation ids and keys
+    ("policy", frozenset({"policy", "tenant_policy"})),
     ("state", frozenset({"state"})),
     ("sandbox", frozenset({"sandbox"})),
     ("store", frozenset({"store"})),

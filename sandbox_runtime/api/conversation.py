@@ -30,8 +30,9 @@ from sandbox_runtime.models import (
 from sandbox_runtime.pipeline.script_tools import PipelineScriptTools
 from sandbox_runtime.sandbox.records import Sandbox
 from sandbox_runtime.spill.history import HistoryRebuild, rebuild_history
-from sandbox_runtime.store.folders import ConversationFolders, validate_conversation_id
+from sandbox_runtime.store.folders import ConversationFolders
 from sandbox_runtime.store.quota import QuotaUsage
+from sandbox_runtime.tenancy import DEFAULT_TENANT, conversation_key
 from sandbox_runtime.tools.run_python import RunPythonArgs, RunPythonResult, run_python
 
 if TYPE_CHECKING:
@@ -47,11 +48,18 @@ class Conversation:
     method raises :class:`~sandbox_runtime.errors.ConversationDeleted` (open it again with
     ``runtime.conversation(id)``), except :meth:`delete` and :meth:`close`, which then do nothing: nothing of
     it is left to end, and a conversation made since under the same id is not this object's. A sandbox removed or
-    stopped from outside is replaced on the next call; the results folder stays as it was."""
+    stopped from outside is replaced on the next call; the results folder stays as it was.
 
-    def __init__(self, runtime: Runtime, conversation_id: str) -> None:
+    ``id`` is the id its tenant named, ``tenant`` whose it is, ``key`` how the runtime keeps it (the id itself for
+    the default tenant, ``<tag>.<id>`` for another; records name the conversation by its key)."""
+
+    def __init__(self, runtime: Runtime, conversation_id: str, *, tenant: str = DEFAULT_TENANT) -> None:
         self.runtime = runtime
-        self.id = validate_conversation_id(conversation_id)
+        self.key = conversation_key(tenant, conversation_id)  # how every layer below knows it (see tenancy)
+        self.id: str = conversation_id
+        self.tenant = tenant
+        if tenant != DEFAULT_TENANT:
+            runtime.state.tenants.register(tenant)
         self._created_at: float | None = None  # of the record this object first saw: whose conversation it is
         self._deleted = False
 
@@ -66,7 +74,7 @@ class Conversation:
         """Whether the conversation this object used was deleted since (no record, or a record made anew)."""
         if self._deleted:
             return True
-        record = self.runtime.state.conversation(self.id)
+        record = self.runtime.state.conversation(self.key)
         if self._created_at is None:
             if record is not None:
                 self._created_at = record.created_at
@@ -86,13 +94,13 @@ class Conversation:
     def sandbox(self) -> Sandbox:
         """The running sandbox, started (or re-attached) when needed."""
         with self._live():
-            return self.runtime.conversations.sandbox(self.id)
+            return self.runtime.conversations.sandbox(self.key)
 
     @property
     def folders(self) -> ConversationFolders:
         """Where the conversation's files are on the host (made and mounted when needed)."""
         with self._live():
-            return self.runtime.conversations.folders(self.id)
+            return self.runtime.conversations.folders(self.key)
 
     def run_python(
         self,
@@ -117,7 +125,7 @@ class Conversation:
         """Run with arguments exactly as a model sent them (validated against the tool schema)."""
         dispatcher = self.runtime.dispatcher
         with self._live():
-            context = dispatcher.context(self.id)
+            context = dispatcher.context(self.key)
             scripts = PipelineScriptTools(dispatcher, context, f"api-{uuid.uuid4().hex[:16]}", None, None)
             return run_python(context.sandbox, arguments, scripts=scripts)
 
@@ -163,29 +171,29 @@ class Conversation:
         the per-turn budget over all of them. Each decision is stored before this returns; a call id seen
         before gives its stored outcome again without running anything."""
         with self._live():
-            return self.runtime.dispatcher.run_turn(self.id, items, turn_id, control=control)
+            return self.runtime.dispatcher.run_turn(self.key, items, turn_id, control=control)
 
     def rebuild_history(self, messages: list[Any]) -> HistoryRebuild:
         """The host's message list with every decided tool result replayed byte for byte (see
         :mod:`~sandbox_runtime.spill.history`); ``messages`` itself is not changed."""
         with self._live():
-            decided = self.runtime.state.stored_results(self.id)
+            decided = self.runtime.state.stored_results(self.key)
         return rebuild_history(messages, {call_id: r.text for call_id, r in decided.items()})
 
     def calls(self) -> list[CallRecord]:
         """The execution record: every call with its short and expanded arguments, status and timings."""
         with self._live():
-            return self.runtime.state.calls(self.id)
+            return self.runtime.state.calls(self.key)
 
     def attachments(self) -> list[Attachment]:
         """Files handed to the user as downloads (kept in ``outputs/``, outside retention), oldest first."""
         with self._live():
-            return self.runtime.state.attachments(self.id)
+            return self.runtime.state.attachments(self.key)
 
     def spills(self) -> list[SavedResult]:
         """Every result saved to a file (spills, exports, built files), oldest first, with its descriptor."""
         with self._live():
-            decided = self.runtime.state.stored_results(self.id)
+            decided = self.runtime.state.stored_results(self.key)
         return [
             SavedResult(
                 call_id=d.call_id,
@@ -200,13 +208,13 @@ class Conversation:
     def decisions(self) -> list[StoredResult]:
         """Every stored tool-result decision of this conversation, oldest first."""
         with self._live():
-            return list(self.runtime.state.stored_results(self.id).values())
+            return list(self.runtime.state.stored_results(self.key).values())
 
     def usage(self) -> QuotaUsage:
         """Bytes used in the results folder against the conversation's quota (a look: a volume mounted for it
         is released again when nothing else uses the conversation)."""
         with self._live():
-            return self.runtime.conversations.usage(self.id)
+            return self.runtime.conversations.usage(self.key)
 
     def close(self) -> bool:
         """End the sandbox and release the quota volume (unmounted until the next use; not while another live
@@ -214,14 +222,14 @@ class Conversation:
         nothing, when the conversation was deleted."""
         if self._gone():
             return False
-        return self.runtime.conversations.close(self.id)
+        return self.runtime.conversations.close(self.key)
 
     def delete(self) -> None:
         """End the sandbox and delete every file of the conversation (results, outputs, quota volume). Deleting
         a deleted conversation does nothing (a conversation made since under the same id stays)."""
         conversations = self.runtime.conversations
-        with conversations.lock(self.id):
+        with conversations.lock(self.key):
             if self._gone():
                 return
-            conversations.delete(self.id)
+            conversations.delete(self.key)
             self._deleted = True

@@ -38,8 +38,9 @@ from typing import Any, Literal
 
 from sandbox_runtime.api.conversation import Conversation
 from sandbox_runtime.conversations.service import ConversationService
-from sandbox_runtime.errors import SandboxRuntimeError, ToolNameTaken
+from sandbox_runtime.errors import InvalidConversationId, SandboxRuntimeError, ToolNameTaken
 from sandbox_runtime.models import SpillMode
+from sandbox_runtime.pipeline.admission import Admission, TenantQuota
 from sandbox_runtime.pipeline.approval import Approver
 from sandbox_runtime.pipeline.dispatch import Dispatcher
 from sandbox_runtime.policy import Policy, load_policy
@@ -53,6 +54,7 @@ from sandbox_runtime.state.database import StateDB
 from sandbox_runtime.state.location import open_engine
 from sandbox_runtime.state.location import state_url as state_url_of
 from sandbox_runtime.store.folders import ConversationStore
+from sandbox_runtime.tenancy import DEFAULT_TENANT, key_id, tenant_tag, validate_conversation_key
 from sandbox_runtime.tools.base import ToolContext, ToolSpec
 from sandbox_runtime.tools.builtin import builtin_tools
 from sandbox_runtime.tools.host import host_tool
@@ -140,6 +142,9 @@ class Runtime:
         self.workers = Workers(
             self.policy.tools.parallel_calls_max, name=f"sandbox-runtime-{self.manager.lease.id[:8]}"
         )
+        self.admission = Admission(
+            self.policy.admission, disk_used=lambda tenant: self.conversations.tenant_bytes(tenant_tag(tenant))
+        )
         self.dispatcher = Dispatcher(
             self.state,
             self.policy,
@@ -148,6 +153,7 @@ class Runtime:
             self.workers,
             approver=approver,
             lease_id=self.manager.lease.id,
+            admission=self.admission,
         )
         self._closed = False
         if sweep_on_start:
@@ -252,9 +258,27 @@ class Runtime:
         said = said if len(said) <= 80 else said[:79] + "…"
         return f"a tool registered before ({said!r})" if said else "a tool registered before"
 
-    def conversation(self, conversation_id: str) -> Conversation:
-        """The conversation with this id (nothing starts until it is used); after a deletion, a new one."""
-        return Conversation(self, conversation_id)
+    def conversation(self, conversation_id: str, *, tenant: str = DEFAULT_TENANT) -> Conversation:
+        """The conversation with this id (nothing starts until it is used); after a deletion, a new one.
+
+        ``tenant``: whose it is (:mod:`~sandbox_runtime.tenancy`). Ids are scoped to their tenant: the same id of
+        another tenant is another conversation, with its own sandbox, folders, records and attachments; nothing
+        of one tenant's is reachable by naming an id as another."""
+        return Conversation(self, conversation_id, tenant=tenant)
+
+    def quota(self, tenant: str = DEFAULT_TENANT, *, waited_s: float = 0.0) -> TenantQuota:
+        """What ``tenant`` uses of its share of this runtime now (runs, live sandboxes, disk as last measured) and
+        may use (the policy's ``[admission]``); ``waited_s``: a call's own wait, carried along."""
+        sandboxes = self.state.live_sandbox_count(tenant_tag(tenant))
+        return self.admission.quota(tenant, waited_s=waited_s, sandboxes=sandboxes)
+
+    def conversation_by_key(self, key: str) -> Conversation:
+        """The conversation a key names (a record's ``id``, ``ls``'s first column): its id, of its tenant."""
+        validate_conversation_key(key)
+        tenant = self.state.tenants.of_key(key)
+        if tenant.startswith("?"):
+            raise InvalidConversationId(f"{key!r} is a key of a tenant this state never saw")
+        return Conversation(self, key_id(key), tenant=tenant)
 
     def doctor(self) -> SelfCheckReport:
         """Run the canary self-check now and return every check."""

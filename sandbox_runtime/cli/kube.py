@@ -19,7 +19,7 @@ from sandbox_runtime.sandbox.kubernetes.manifests import (
     pod_manifests,
 )
 from sandbox_runtime.sandbox.profile import LABEL_CONVERSATION, LABEL_POLICY, LABEL_RUNTIME, container_spec
-from sandbox_runtime.store.folders import validate_conversation_id
+from sandbox_runtime.tenancy import validate_conversation_id
 
 __all__ = ["add_kube_parser"]
 

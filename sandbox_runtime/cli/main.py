@@ -17,6 +17,18 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from sandbox_runtime.api.runtime import Conversation, Runtime, default_state_dir
+from sandbox_runtime.cli.audit import add_audit_parser
+from sandbox_runtime.cli.common import (
+    EXIT_CODES,
+    EXIT_ENGINE,
+    EXIT_FAILED,
+    EXIT_OK,
+    EXIT_USAGE,
+    open_runtime,
+    progress,
+    table,
+)
+from sandbox_runtime.cli.doctor import cmd_doctor
 from sandbox_runtime.cli.kube import add_kube_parser
 from sandbox_runtime.cli.serve import add_serve_parser, key_value
 from sandbox_runtime.cli.state import add_state_parser
@@ -29,103 +41,9 @@ from sandbox_runtime.errors import (
 )
 from sandbox_runtime.mcp.stdio_client import WATCH_COMMAND, ClientProcess, release_when_client_exits
 from sandbox_runtime.policy import load_policy
+from sandbox_runtime.tenancy import DEFAULT_TENANT, conversation_key, validate_conversation_key
 
 __all__ = ["main"]
-
-EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_ENGINE = 0, 1, 2, 3
-EXIT_CODES = (
-    "exit codes: 0 success; 1 a check failed or the work did not succeed; 2 bad usage or configuration; 3 the "
-    "engine or the executor image is not available"
-)
-
-
-def _table(rows: list[list[str]], header: list[str]) -> str:
-    widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
-    line = "  ".join(h.ljust(w) for h, w in zip(header, widths, strict=True))
-    out = [line, "  ".join("-" * w for w in widths)]
-    out += ["  ".join(str(c).ljust(w) for c, w in zip(r, widths, strict=True)) for r in rows]
-    return "\n".join(out)
-
-
-def _progress(line: str) -> None:
-    print(f"  {line[:160]}", file=sys.stderr, flush=True)
-
-
-def _runtime(args: argparse.Namespace, *, sweep: bool = True) -> Runtime:
-    return Runtime(
-        args.state_dir,
-        args.policy,
-        sweep_on_start=sweep,
-        reap_interval_s=None,
-        retention_interval_s=None,
-        extra_labels=dict(args.label),
-    )
-
-
-def cmd_doctor(args: argparse.Namespace) -> int:
-    with _runtime(args) as runtime:
-        report = runtime.doctor()
-        limits = runtime.store.outputs_limits()
-        if args.json:
-            outputs = {"outputs_max_bytes": limits.max_bytes, "outputs_files_max": limits.files_max}
-            ok = report.ok and not report.not_enforced  # a backend that confines nothing is no pass
-            state = runtime.state.report().model_dump(mode="json")
-            print(json.dumps(report.model_dump(mode="json") | {"ok": ok, "outputs": outputs, "state": state}, indent=2))
-            return EXIT_OK if ok else EXIT_FAILED
-        engine = report.engine
-        if report.not_enforced:
-            return _doctor_unconfined(runtime, report.backend, report.not_enforced)
-        print(
-            f"engine   {report.backend}: {engine.product} {engine.engine_version} (API {engine.api_version}), "
-            f"runc {engine.runc_version}, {engine.runsc_version or 'runsc not installed'}, "
-            f"runtimes: {', '.join(engine.runtimes)}"
-        )
-        print(
-            f"host     {engine.operating_system}, kernel {engine.kernel_version}, cgroup v{engine.cgroup_version} "
-            f"({engine.cgroup_driver})"
-        )
-        print(
-            f"sandbox  runtime {report.runtime}, image {report.image}, disk quota mode: {report.quota_mode}"
-            + ("" if report.quota_mode == "loop" else " (not kernel-enforced: run as root for 'loop')")
-        )
-        print(
-            f"outputs  attachments per conversation: at most {limits.files_max:,} (tools.outputs_files_max), "
-            f"{limits.max_bytes:,} bytes of distinct content (tools.outputs_max_bytes); the same content is stored once"
-        )
-        print(f"policy   {runtime.policy.name} ({runtime.policy.digest()})")
-        print(_state_line(runtime) + "\n")
-        print(
-            _table(
-                [["ok" if c.ok else "FAIL", c.name, c.expected, c.actual] for c in report.checks],
-                ["", "check", "expected", "seen inside the canary"],
-            )
-        )
-        if not report.ok:
-            print("\n" + report.summary(), file=sys.stderr)
-            return EXIT_FAILED
-        print(f"\nall {len(report.checks)} protections are in force")
-        return EXIT_OK
-
-
-def _state_line(runtime: Runtime) -> str:
-    store = runtime.state.report()
-    return (
-        f"state    {runtime.state_dir}; records on {store.store} {store.where} (schema version {store.schema_version})"
-    )
-
-
-def _doctor_unconfined(runtime: Runtime, backend: str, not_enforced: tuple[str, ...]) -> int:
-    """doctor for a backend that confines nothing (the fake): what it leaves out, loudly; exit 1."""
-    print(f"engine   {backend}: no engine; code runs as processes of this host")
-    print(f"policy   {runtime.policy.name} ({runtime.policy.digest()})")
-    print(_state_line(runtime) + "\n")
-    print(_table([["NOT ENFORCED", said] for said in not_enforced], ["", "protection"]))
-    print(
-        f"\nthe {backend} backend confines nothing: never run untrusted code on it "
-        "(set sandbox.backend = 'docker' for sandboxes)",
-        file=sys.stderr,
-    )
-    return EXIT_FAILED
 
 
 def cmd_image_build(args: argparse.Namespace) -> int:
@@ -140,7 +58,7 @@ def cmd_image_build(args: argparse.Namespace) -> int:
         if not isinstance(backend, ImageBuilder):
             print(f"the {backend.name} backend runs no executor image: nothing to build")
             return EXIT_OK
-        report = build_executor_image(backend, source=args.source, force=args.force, progress=_progress)
+        report = build_executor_image(backend, source=args.source, force=args.force, progress=progress)
     finally:
         backend.close()
     verb = "built" if report.built else "already present"
@@ -157,7 +75,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 def cmd_gc(args: argparse.Namespace) -> int:
-    with _runtime(args, sweep=False) as runtime:
+    with open_runtime(args, sweep=False) as runtime:
         removals = runtime.gc()
         expired = runtime.expire_files()
         if args.json:
@@ -169,7 +87,7 @@ def cmd_gc(args: argparse.Namespace) -> int:
             )
             return EXIT_OK if all(r.complete and not r.errors for r in expired) else EXIT_FAILED
         rows = [[r.container_id[:12], r.conversation_id or "-", r.reason] for r in removals]
-        print(_table(rows, ["container", "conversation", "reason"]) if rows else "no sandbox to remove")
+        print(table(rows, ["container", "conversation", "reason"]) if rows else "no sandbox to remove")
         days = runtime.policy.spill.retention_s / 86400
         files = [
             [r.conversation_id, f"{r.removed_files:,}", f"{r.removed_bytes:,}", f"{r.kept_files:,}"]
@@ -177,7 +95,7 @@ def cmd_gc(args: argparse.Namespace) -> int:
             if r.removed_files or r.errors
         ]
         print(
-            _table(files, ["conversation", "expired files", "bytes freed", "files kept"])
+            table(files, ["conversation", "expired files", "bytes freed", "files kept"])
             if files
             else f"no spill, error or argument file older than {days:g} days"
         )
@@ -189,18 +107,20 @@ def cmd_gc(args: argparse.Namespace) -> int:
 
 def _ls_conversation(runtime: Runtime, args: argparse.Namespace) -> int:
     """The execution record (--calls) or the attachments (--attachments) of one conversation."""
-    if runtime.state.conversation(args.conversation) is None:
-        print(f"error: no conversation {args.conversation!r} in {runtime.state_dir}", file=sys.stderr)
+    named: str = args.conversation  # an id of --tenant, or a key as `ls` shows it
+    key = validate_conversation_key(named) if "." in named else conversation_key(args.tenant, named)
+    if runtime.state.conversation(key) is None:
+        print(f"error: no conversation {named!r} of tenant {args.tenant!r} in {runtime.state_dir}", file=sys.stderr)
         return EXIT_USAGE
-    conversation = runtime.conversation(args.conversation)
+    conversation = runtime.conversation_by_key(key)
     if args.attachments:
         cards = conversation.attachments()
         if args.json:
             print(json.dumps([c.model_dump() for c in cards], indent=2))
             return EXIT_OK
         rows = [[c.attachment_id, c.filename, f"{c.bytes:,}", c.mime_type, c.source] for c in cards]
-        print(_table(rows, ["attachment", "filename", "bytes", "type", "copied from"]) if rows else "no attachments")
-        used = runtime.store.outputs_usage(runtime.store.folders(args.conversation))
+        print(table(rows, ["attachment", "filename", "bytes", "type", "copied from"]) if rows else "no attachments")
+        used = runtime.store.outputs_usage(runtime.store.folders(key))
         print(
             f"\noutputs/: {used.attachments:,} of at most {used.files_max:,} attachments (tools.outputs_files_max); "
             f"{used.bytes:,} of {used.max_bytes:,} bytes (tools.outputs_max_bytes) in {used.contents:,} distinct "
@@ -213,14 +133,14 @@ def _ls_conversation(runtime: Runtime, args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps([c.model_dump() for c in calls], indent=2))
         return EXIT_OK
-    table = []
+    listed = []
     for c in calls:
         tool = c.tool if c.tool == c.target else f"{c.tool} → {c.target}"
         sizes = f"{len(c.arguments or ''):,}" + (f" / {len(c.expanded):,}" if c.expanded is not None else "")
         path = c.descriptor.path if c.descriptor else (c.error_path or "-")
-        table.append([c.call_id, tool, c.status, f"{c.finished_at - c.started_at:.2f}", sizes, path])
+        listed.append([c.call_id, tool, c.status, f"{c.finished_at - c.started_at:.2f}", sizes, path])
     header = ["call", "tool", "status", "seconds", "argument chars (short / expanded)", "result file"]
-    print(_table(table, header) if table else "no calls")
+    print(table(listed, header) if listed else "no calls")
     return EXIT_OK
 
 
@@ -243,23 +163,24 @@ def _ls_spills(conversation: Conversation, args: argparse.Namespace) -> int:
         for s in saved
     ]
     header = ["call", "tool", "path", "format", "bytes", "rows", "expires"]
-    print(_table(rows, header) if rows else "no saved results")
+    print(table(rows, header) if rows else "no saved results")
     return EXIT_OK
 
 
 def cmd_ls(args: argparse.Namespace) -> int:
-    with _runtime(args, sweep=False) as runtime:
+    with open_runtime(args, sweep=False) as runtime:
         if args.conversation is not None:
             return _ls_conversation(runtime, args)
         live = {s.conversation_id: s for s in runtime.state.live_sandboxes()}
         rows: list[dict[str, object]] = []
         for record in runtime.state.conversations():
-            usage = runtime.conversation(record.id).usage()
+            usage = runtime.conversation_by_key(record.id).usage()
             outputs = runtime.store.outputs_usage(runtime.store.folders(record.id))
             sandbox = live.get(record.id)
             rows.append(
                 {
                     "conversation": record.id,
+                    "tenant": runtime.state.tenants.of_key(record.id),
                     "sandbox": sandbox.container_id[:12] if sandbox else None,
                     "runs": record.runs,
                     "used_bytes": usage.used_bytes,
@@ -277,10 +198,11 @@ def cmd_ls(args: argparse.Namespace) -> int:
             print("no conversations")
         else:
             print(
-                _table(
+                table(
                     [
                         [
                             str(r["conversation"]),
+                            str(r["tenant"]),
                             str(r["sandbox"] or "-"),
                             str(r["runs"]),
                             f"{r['used_bytes']:,} / {r['limit_bytes']:,}",
@@ -292,6 +214,7 @@ def cmd_ls(args: argparse.Namespace) -> int:
                     ],
                     [
                         "conversation",
+                        "tenant",
                         "sandbox",
                         "runs",
                         "disk used / quota (bytes)",
@@ -367,9 +290,13 @@ def build_parser() -> argparse.ArgumentParser:
     shown.add_argument("--attachments", action="store_true", help="its attachments instead of its calls")
     shown.add_argument("--spills", action="store_true", help="its saved results (spills and exports) instead")
     ls.add_argument("--json", action="store_true")
+    ls.add_argument(
+        "--tenant", default=DEFAULT_TENANT, help="whose conversation id it is (default: the default tenant)"
+    )
     ls.set_defaults(func=cmd_ls)
     add_kube_parser(sub)
     add_state_parser(sub)
+    add_audit_parser(sub)
     sub.metavar = "{" + ",".join(sub.choices) + "}"  # the commands a user runs; the one below is serve's own
     watch = sub.add_parser(  # started by serve over stdio: ends a conversation's sandbox once its client exits
         WATCH_COMMAND, description="(started by serve over stdio) end a conversation's sandbox once its client exits"

@@ -100,6 +100,10 @@ def _say_what_is_served(runtime: Runtime) -> None:
     print(f"{len(runtime.tools)} tools: {', '.join(runtime.tools)}", file=sys.stderr, flush=True)
     if runtime.state.engine.kind != "sqlite":  # a shared store: say which (without its password)
         print(f"state on {runtime.state.engine.shown}", file=sys.stderr, flush=True)
+    auth = runtime.policy.mcp.auth
+    if auth.enabled:
+        keys = auth.jwks_url or auth.jwks_file
+        print(f"OAuth: tokens of {auth.issuer} (keys {keys}), tenant claim {auth.tenant_claim!r}", file=sys.stderr)
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
@@ -131,7 +135,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         listener: socket.socket | None = None
         if args.http is not None:
             host, port = policy.mcp.http_host, policy.mcp.http_port
-            check_exposure(host, token, policy.mcp.token_variable)
+            check_exposure(host, token, policy.mcp)
             try:  # bound before the runtime and the gateway start, so a port in use fails at once
                 listener = stack.enter_context(listen(host, port))
             except OSError as exc:

@@ -19,12 +19,14 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
+import time
 from collections.abc import Iterator
 
 from sandbox_runtime.conversations.handle import SandboxHandle
 from sandbox_runtime.conversations.pool_slots import PoolSlots, ended_leases
 from sandbox_runtime.conversations.volumes import QuotaVolumes, release_orphan_volume
-from sandbox_runtime.errors import QuotaError, SandboxError
+from sandbox_runtime.errors import AdmissionRefused, QuotaError, SandboxError
+from sandbox_runtime.models import QuotaMode
 from sandbox_runtime.policy import Policy
 from sandbox_runtime.sandbox.backend import SandboxBackend
 from sandbox_runtime.sandbox.canary import CANARY_CONVERSATION
@@ -36,12 +38,14 @@ from sandbox_runtime.sandbox.records import Removal, ResultsFolder, Sandbox
 from sandbox_runtime.state.database import StateDB
 from sandbox_runtime.store.folders import ConversationFolders, ConversationStore
 from sandbox_runtime.store.quota import QuotaUsage
+from sandbox_runtime.tenancy import key_tag
 
 __all__ = ["ConversationService"]
 
 logger = logging.getLogger(__name__)
 
 _CANARY_QUOTA_BYTES = 16 * 1024 * 1024  # the self-check writes a few bytes and probes the quota's edge
+_SHARE_LOOK_S = 0.5  # a conversation waiting for its tenant's sandbox share looks again this often
 
 
 class ConversationService:
@@ -113,7 +117,7 @@ class ConversationService:
             record = self.state.conversation(conversation_id)
             if record is None:
                 self._drop_deleted(conversation_id)
-                taken = self._take_pooled(conversation_id) if use and self.pool is not None else None
+                taken = self._take_pooled(conversation_id) if use and self._pool_for(conversation_id) else None
                 if taken is not None:
                     return taken
             mode = self.store.quota_mode if record is None else record.quota_mode
@@ -122,6 +126,24 @@ class ConversationService:
             self.store.prepare(folders)
             self.state.ensure_conversation(conversation_id, folders.quota_mode, folders.quota_bytes)
             return folders
+
+    def _pool_for(self, conversation_id: str) -> bool:
+        """Whether a new conversation may take a pooled sandbox: a pool waits, and its tenant has room for one
+        more sandbox (else its folders are made plain, and its first run waits for its share)."""
+        if self.pool is None:
+            return False
+        live = self.state.live_sandbox_count(key_tag(conversation_id))
+        return live < self.policy.admission.tenant_sandboxes_max
+
+    def tenant_bytes(self, tag: str) -> int:
+        """Bytes the results folders of a tenant's conversations hold (by its tag; see
+        :meth:`~sandbox_runtime.store.folders.ConversationStore.held_bytes`)."""
+        held = 0
+        for record in self.state.conversations():
+            if key_tag(record.id) == tag:
+                mode: QuotaMode = "loop" if record.quota_mode == "loop" else "measured"
+                held += self.store.held_bytes(self.store.folders(record.id, quota_mode=mode))
+        return held
 
     def _take_pooled(self, conversation_id: str) -> ConversationFolders | None:
         """A new conversation's folders and sandbox from the warm pool; None when none waits or the conversation
@@ -167,11 +189,35 @@ class ConversationService:
 
     # sandboxes ------------------------------------------------------------------------------------------
     def sandbox(self, conversation_id: str) -> Sandbox:
-        """The conversation's running sandbox, started (or re-attached) when needed."""
+        """The conversation's running sandbox, started (or re-attached) when needed; a new one only while its
+        tenant has fewer than ``admission.tenant_sandboxes_max`` live sandboxes (every replica's), waiting up to
+        ``admission.max_wait_s`` for one to end (:class:`AdmissionRefused` then)."""
         with self.lock(conversation_id):
             if self.manager.known(conversation_id) is not None and not self.state.knows_conversation(conversation_id):
                 self._drop_deleted(conversation_id)
-            return self.manager.get_or_create(conversation_id, lambda: self._bind(conversation_id))
+            if self.manager.known(conversation_id) is not None or self.state.live_sandboxes_of(conversation_id):
+                return self.manager.get_or_create(conversation_id, lambda: self._bind(conversation_id))
+            return self._start_within_share(conversation_id)
+
+    def _start_within_share(self, conversation_id: str) -> Sandbox:
+        """Start the conversation's sandbox once its tenant has room (checked and started under the tenant's lock
+        across processes, so two starts never both take its last place)."""
+        admission, tag = self.policy.admission, key_tag(conversation_id)
+        deadline = self.manager.clock() + admission.max_wait_s
+        while True:
+            with self.manager.host_lock(f"sandboxes.{tag or 'default'}"):
+                live = self.state.live_sandbox_count(tag)
+                if live < admission.tenant_sandboxes_max:
+                    return self.manager.get_or_create(conversation_id, lambda: self._bind(conversation_id))
+            if self.manager.clock() >= deadline:
+                tenant = self.state.tenants.of_key(conversation_id)
+                raise AdmissionRefused(
+                    f"tenant {tenant!r} has {live} live sandboxes, its most (admission.tenant_sandboxes_max), and "
+                    f"none ended within {admission.max_wait_s:g} s (admission.max_wait_s); nothing ran: close "
+                    f"conversations it no longer uses, or try again in {admission.retry_after_s:g} s",
+                    retry_after_s=admission.retry_after_s,
+                )
+            time.sleep(_SHARE_LOOK_S)  # another conversation's sandbox may end (reaped, closed) meanwhile
 
     def handle(self, conversation_id: str, folders: ConversationFolders | None = None) -> SandboxHandle:
         """What a tool uses of the conversation's sandbox (``folders``: already made for this call)."""

@@ -22,8 +22,9 @@ from sandbox_runtime.sandbox.holds import own_hold
 from sandbox_runtime.sandbox.manager import SandboxManager
 from sandbox_runtime.sandbox.profile import LABEL_CONVERSATION
 from sandbox_runtime.state.database import StateDB
-from sandbox_runtime.store.folders import ConversationStore, validate_conversation_id
+from sandbox_runtime.store.folders import ConversationStore
 from sandbox_runtime.store.quota import attached_loop_images, release_loop_quota
+from sandbox_runtime.tenancy import validate_conversation_key
 
 __all__ = ["QuotaVolumes", "release_orphan_volume"]
 
@@ -189,7 +190,7 @@ def release_orphan_volume(state_dir: str, conversation_id: str | None) -> None:
     if not conversation_id or not Path(state_dir).is_absolute():
         return
     try:
-        validate_conversation_id(conversation_id)
+        validate_conversation_key(conversation_id)
         root = Path(state_dir)
         mountpoint = root / "conversations" / conversation_id / "results"
         if os.path.ismount(mountpoint):

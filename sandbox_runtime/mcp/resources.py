@@ -19,8 +19,9 @@ from pathlib import Path
 from typing import Any
 
 from sandbox_runtime.api.runtime import Runtime
-from sandbox_runtime.errors import PathNotFound, PathOutsideResults, UnsafeFileType
+from sandbox_runtime.errors import InvalidConversationId, PathNotFound, PathOutsideResults, UnsafeFileType
 from sandbox_runtime.store.capped import read_capped
+from sandbox_runtime.tenancy import DEFAULT_TENANT, conversation_key
 
 __all__ = ["SCHEME", "ResourceFile", "attachment_uri", "mime_type", "read_resource", "result_uri"]
 
@@ -68,23 +69,39 @@ class ResourceFile:
         return {"uri": self.uri, "mimeType": self.mime_type, "blob": blob}
 
 
-def read_resource(runtime: Runtime, uri: str) -> ResourceFile:
-    """Read a file named by one of this server's URIs; typed errors for anything else."""
+def read_resource(runtime: Runtime, uri: str, tenant: str = DEFAULT_TENANT) -> ResourceFile:
+    """Read a file named by one of this server's URIs, in ``tenant``'s own conversations (the id in the URI is
+    scoped to it, like an id in ``_meta``: another tenant's files are not found, however spelled); typed errors for
+    anything else. An attachment read is written to the audit trail."""
     parsed = urllib.parse.urlsplit(uri)
     parts = parsed.path.lstrip("/").split("/", 2)
     if parsed.scheme != SCHEME or parsed.netloc != "conversations" or len(parts) != 3 or not parts[2]:
         raise PathOutsideResults(f"not a {SCHEME}:// resource of this server: {uri}")
     conversation_id, area, rest = parts[0], parts[1], urllib.parse.unquote(parts[2])
-    if runtime.state.conversation(conversation_id) is None:
+    try:
+        key = conversation_key(tenant, conversation_id)
+    except InvalidConversationId as exc:
+        raise PathNotFound(f"there is no conversation {conversation_id!r}: {exc}") from exc
+    if runtime.state.conversation(key) is None:
         raise PathNotFound(f"there is no conversation {conversation_id!r}")
     cap = runtime.policy.store.read_max_bytes
     if area == "results":
-        root = runtime.store.results_root(runtime.conversations.folders(conversation_id))
+        root = runtime.store.results_root(runtime.conversations.folders(key))
         return ResourceFile(uri, mime_type(rest), root.read_bytes(rest, max_bytes=cap))
     if area == "attachments":
-        for attachment in runtime.state.attachments(conversation_id):
+        for attachment in runtime.state.attachments(key):
             if attachment.attachment_id == rest:
-                return ResourceFile(uri, attachment.mime_type, _read_host_file(Path(attachment.host_path), cap))
+                data = _read_host_file(Path(attachment.host_path), cap)
+                runtime.state.audit.append(
+                    "attachment_downloaded",
+                    conversation=key,
+                    attachment_id=attachment.attachment_id,
+                    filename=attachment.filename,
+                    bytes=len(data),
+                    sha256=attachment.sha256,
+                    via="resources/read",
+                )
+                return ResourceFile(uri, attachment.mime_type, data)
         raise PathNotFound(f"conversation {conversation_id!r} has no attachment {rest!r}")
     raise PathOutsideResults(f"unknown resource area {area!r} in {uri}")
 

@@ -12,7 +12,8 @@ Claude Code) show ``structuredContent`` whenever the content is all text. So bot
   declares. A host tool with an output schema of its own gets its own structured result there when the result
   is shown whole; when it was saved to a file, the result object with the file's descriptor instead (its
   declared schema allows both);
-- ``_meta``: the call's metadata (call id, conversation, whether a stand-in replaced the result, replayed).
+- ``_meta``: the call's metadata (call id, conversation, whether a stand-in replaced the result, replayed; the
+  server adds ``sandbox-runtime/quota``: what the tenant uses of its share, may use, and how long the call waited).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from sandbox_runtime.tools.run_result import ScriptError
 __all__ = [
     "META_CALL_ID",
     "META_CONVERSATION",
+    "META_QUOTA",
     "META_REPLACED",
     "META_REPLAYED",
     "META_TURN",
@@ -38,6 +40,7 @@ __all__ = [
 ]
 
 META_CONVERSATION = "sandbox-runtime/conversation"
+META_QUOTA = "sandbox-runtime/quota"  # what the call's tenant uses and may use, and how long the call waited
 META_TURN = "sandbox-runtime/turn"
 META_CALL_ID = "sandbox-runtime/call-id"
 META_REPLACED = "sandbox-runtime/replaced"

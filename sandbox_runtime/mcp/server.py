@@ -12,6 +12,12 @@ stay valid whatever the client does with sessions:
    LangChain's adapter does by default, keeps one conversation); over HTTP one per bearer token, or one per
    server when it has no token — across sessions, reconnects and stateless (2026-07-28) requests alike.
 
+Whichever it is, the conversation is the **request's tenant's** (:mod:`~sandbox_runtime.tenancy`): an OAuth access
+token's tenant claim (:mod:`~sandbox_runtime.mcp.auth`), else the default tenant. The id is scoped to it on every
+method — ``tools/call``, ``resources/read`` and ``list``, ``tasks/*`` — so another tenant's conversation, file,
+attachment or task is never found. Every result's ``_meta["sandbox-runtime/quota"]`` says what the tenant uses of
+its share and may use, and how long the call waited for its turn (:mod:`~sandbox_runtime.pipeline.admission`).
+
 Other ``_meta`` keys a request may carry: ``sandbox-runtime/turn`` — the turn the call belongs to (the per-turn
 budget is shared by its calls; without it, calls of a conversation that overlap in time form a turn, see
 :mod:`~sandbox_runtime.pipeline.turns`); ``sandbox-runtime/call-id`` — the model's own tool-call id: the decision is
@@ -52,11 +58,19 @@ from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
 from sandbox_runtime.api.runtime import Runtime
 from sandbox_runtime.control import CallControl, ProgressReport
-from sandbox_runtime.errors import InvalidConversationId, InvalidToolArguments, SandboxRuntimeError
+from sandbox_runtime.errors import (
+    AdmissionRefused,
+    InvalidConversationId,
+    InvalidTenant,
+    InvalidToolArguments,
+    SandboxRuntimeError,
+)
+from sandbox_runtime.mcp.auth import tenant_of
 from sandbox_runtime.mcp.resources import SCHEME, mime_type, read_resource, result_uri
 from sandbox_runtime.mcp.results import (
     META_CALL_ID,
     META_CONVERSATION,
+    META_QUOTA,
     META_TURN,
     ToolResult,
     call_result,
@@ -66,10 +80,11 @@ from sandbox_runtime.mcp.shutdown import STOPPING_CODE, STOPPING_MESSAGE, CallsI
 from sandbox_runtime.mcp.stdio_client import ClientProcess
 from sandbox_runtime.mcp.task_methods import TaskMethods, TaskWork
 from sandbox_runtime.mcp.tasks import CANCEL_LOOK_S, TaskServer, TaskStore
+from sandbox_runtime.pipeline.admission import TenantQuota
 from sandbox_runtime.pipeline.approval import ApprovalRequest, Approver
 from sandbox_runtime.pipeline.dispatch import ToolCall
 from sandbox_runtime.pipeline.turns import TurnGate
-from sandbox_runtime.store.folders import validate_conversation_id
+from sandbox_runtime.tenancy import DEFAULT_TENANT, conversation_key, key_id, validate_conversation_id
 
 __all__ = ["META_CALL_ID", "META_CONVERSATION", "META_TURN", "McpService", "default_conversation"]
 
@@ -138,8 +153,8 @@ class McpService:
         self._taking_calls()
         meta = dict(ctx.meta or {})
         try:
-            conversation = self.conversation_of(meta)
-        except (InvalidToolArguments, InvalidConversationId) as exc:  # the request's own values: the model reads why
+            conversation = self.conversation_of(meta, tenant_of(ctx))
+        except (InvalidToolArguments, InvalidConversationId, InvalidTenant) as exc:  # the model reads why
             return _error_result(f"{type(exc).__name__}: {exc}")
         control = CallControl(progress=_progress_sender(ctx))
         run = functools.partial(self._execute, conversation, params, meta, control, self._approver(ctx))
@@ -190,13 +205,22 @@ class McpService:
                 InvalidConversationId,
             ) as exc:  # the request's own values: the model reads why
                 return _error_result(f"{type(exc).__name__}: {exc}")
+            except AdmissionRefused as exc:  # over its tenant's share: the caller may retry later
+                logger.info("tools/call %s in %s refused: %s", params.name, conversation, exc)
+                refused = _error_result(f"The runtime could not run {params.name}: {type(exc).__name__}: {exc}")
+                quota = self._quota(conversation).model_dump() | {"retry_after_s": exc.retry_after_s}
+                return refused.model_copy(update={"meta": {META_QUOTA: quota}})
             except SandboxRuntimeError as exc:
                 logger.warning("tools/call %s failed in the runtime: %s", params.name, exc)
                 return _error_result(f"The runtime could not run {params.name}: {type(exc).__name__}: {exc}")
             mount = self.runtime.policy.sandbox.results_mount_path
-            return types.CallToolResult.model_validate(
-                call_result(outcome, conversation, mount, turn_id=report.turn_id)
-            )
+            answer = call_result(outcome, key_id(conversation), mount, turn_id=report.turn_id)
+            answer["_meta"][META_QUOTA] = self._quota(conversation, outcome.queued_s).model_dump()
+            return types.CallToolResult.model_validate(answer)
+
+    def _quota(self, conversation: str, waited_s: float = 0.0) -> TenantQuota:
+        """What the conversation's tenant uses of its share now, and may use."""
+        return self.runtime.quota(self.runtime.state.tenants.of_key(conversation), waited_s=waited_s)
 
     # ------------------------------------------------------------------------------------------ tasks
     def may_be_task(self, tool: str) -> bool:
@@ -209,23 +233,24 @@ class McpService:
         if not self.may_be_task(params.name):
             raise MCPError(code=types.METHOD_NOT_FOUND, message=f"{params.name} cannot be called as a task")
         meta = dict(ctx.meta or {})
-        conversation = self.task_conversation(meta)
+        conversation = self.task_conversation(ctx)
         control = CallControl()  # no progress and no elicitation: the request is answered at once
         run = functools.partial(self._execute, conversation, params, meta, control, None)
         return TaskWork(conversation, control, run)
 
-    def conversation_of(self, meta: dict[str, Any]) -> str:
-        """The conversation a request belongs to (see the module text)."""
+    def conversation_of(self, meta: dict[str, Any], tenant: str = DEFAULT_TENANT) -> str:
+        """The key of the conversation a request of ``tenant`` belongs to (see the module text): the id it names,
+        scoped to its tenant (:mod:`~sandbox_runtime.tenancy`)."""
         named = meta.get(META_CONVERSATION)
-        if named is not None:
-            return validate_conversation_id(named)
-        return self.default_conversation
+        if tenant != DEFAULT_TENANT:
+            self.runtime.state.tenants.register(tenant)
+        return conversation_key(tenant, self.default_conversation if named is None else named)
 
-    def task_conversation(self, meta: dict[str, Any]) -> str:
+    def task_conversation(self, ctx: ServerRequestContext[Any]) -> str:
         """The conversation of a task request: a bad name is invalid params (there is no model to tell)."""
         try:
-            return self.conversation_of(meta)
-        except (InvalidToolArguments, InvalidConversationId) as exc:
+            return self.conversation_of(dict(ctx.meta or {}), tenant_of(ctx))
+        except (InvalidToolArguments, InvalidConversationId, InvalidTenant) as exc:
             raise MCPError(code=types.INVALID_PARAMS, message=f"{type(exc).__name__}: {exc}") from exc
 
     def _approver(self, ctx: ServerRequestContext[Any]) -> Approver | None:
@@ -258,25 +283,25 @@ class McpService:
         self, ctx: ServerRequestContext[Any], params: types.PaginatedRequestParams | None
     ) -> types.ListResourcesResult:
         try:
-            conversation = self.conversation_of(dict(ctx.meta or {}))
-        except InvalidToolArguments:
+            conversation = self.conversation_of(dict(ctx.meta or {}), tenant_of(ctx))
+        except (InvalidToolArguments, InvalidConversationId, InvalidTenant):
             return types.ListResourcesResult(resources=[])
         return types.ListResourcesResult(resources=await anyio.to_thread.run_sync(self._resources, conversation))
 
     def _resources(self, conversation: str) -> list[types.Resource]:
-        if self.runtime.state.conversation(conversation) is None:
-            return []
+        """The files a conversation (by its key) saved, newest first."""
+        stored = self.runtime.state.stored_results(conversation).values()
+        saved = [(d, d.descriptor) for d in stored if d.descriptor is not None][-_RESOURCES_LISTED_MAX:]
         mount = self.runtime.policy.sandbox.results_mount_path
-        saved = self.runtime.conversation(conversation).spills()[-_RESOURCES_LISTED_MAX:]
         return [
             types.Resource(
-                uri=result_uri(conversation, s.descriptor.path, mount),
-                name=s.descriptor.path.rsplit("/", 1)[-1],
-                mime_type=mime_type(s.descriptor.path, s.descriptor.format),
-                size=s.descriptor.bytes,
-                description=f"{s.tool} result of call {s.call_id}",
+                uri=result_uri(key_id(conversation), saved_file.path, mount),
+                name=saved_file.path.rsplit("/", 1)[-1],
+                mime_type=mime_type(saved_file.path, saved_file.format),
+                size=saved_file.bytes,
+                description=f"{decision.tool} result of call {decision.call_id}",
             )
-            for s in reversed(saved)
+            for decision, saved_file in reversed(saved)
         ]
 
     async def _list_templates(
@@ -301,7 +326,7 @@ class McpService:
     ) -> types.ReadResourceResult:
         uri = str(params.uri)
         try:
-            found = await anyio.to_thread.run_sync(read_resource, self.runtime, uri)
+            found = await anyio.to_thread.run_sync(read_resource, self.runtime, uri, tenant_of(ctx))
         except (SandboxRuntimeError, OSError) as exc:
             raise MCPError(
                 code=types.INVALID_PARAMS, message=f"{type(exc).__name__}: {exc}", data={"uri": uri}

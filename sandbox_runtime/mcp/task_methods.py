@@ -52,8 +52,8 @@ class TaskWork:
 
 
 class TaskHost(Protocol):
-    def task_conversation(self, meta: dict[str, Any]) -> str:
-        """The conversation of a request (raises :class:`MCPError` for a bad one)."""
+    def task_conversation(self, ctx: ServerRequestContext[Any]) -> str:
+        """The key of a request's conversation, its tenant's (raises :class:`MCPError` for a bad one)."""
         ...
 
     def may_be_task(self, tool: str) -> bool:
@@ -120,7 +120,7 @@ class TaskMethods:
         return await call_next(ctx)
 
     def _task_of(self, ctx: ServerRequestContext[Any], task_id: str) -> TrackedTask:
-        return self._store.get(self._host.task_conversation(dict(ctx.meta or {})), task_id)
+        return self._store.get(self._host.task_conversation(ctx), task_id)
 
     # ------------------------------------------------------------------------------------------ 2025-11-25
     async def _start_task(
@@ -145,13 +145,13 @@ class TaskMethods:
     async def _cancel_task(
         self, ctx: ServerRequestContext[Any], params: types.CancelTaskRequestParams
     ) -> dict[str, Any]:
-        task = self._store.cancel(self._host.task_conversation(dict(ctx.meta or {})), params.task_id)
+        task = self._store.cancel(self._host.task_conversation(ctx), params.task_id)
         return task.view().model_dump(by_alias=True, mode="json", exclude_none=True)
 
     async def _list_tasks(
         self, ctx: ServerRequestContext[Any], params: types.PaginatedRequestParams
     ) -> types.ListTasksResult:
-        listed = self._store.listed(self._host.task_conversation(dict(ctx.meta or {})))
+        listed = self._store.listed(self._host.task_conversation(ctx))
         return types.ListTasksResult(tasks=[task.view() for task in listed])
 
     # ------------------------------------------------------------------------------------------ 2026-07-28
@@ -185,5 +185,5 @@ class TaskMethods:
         return {"resultType": "complete"}
 
     async def _cancel(self, ctx: ServerRequestContext[Any], params: types.CancelTaskRequestParams) -> dict[str, Any]:
-        self._store.cancel(self._host.task_conversation(dict(ctx.meta or {})), params.task_id, ended_ok=True)
+        self._store.cancel(self._host.task_conversation(ctx), params.task_id, ended_ok=True)
         return {"resultType": "complete"}

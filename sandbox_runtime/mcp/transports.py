@@ -25,14 +25,17 @@ import anyio
 import anyio.from_thread
 import anyio.lowlevel
 import uvicorn
+from mcp.server.auth.settings import AuthSettings
 from mcp.server.runner import serve_loop
 from mcp.server.stdio import stdio_server
 from mcp.server.transport_security import TransportSecuritySettings
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from sandbox_runtime.errors import PolicyError
+from sandbox_runtime.mcp.auth import AuthRefusalAudit, JwtVerifier
 from sandbox_runtime.mcp.server import McpService
 from sandbox_runtime.mcp.shutdown import RefuseWhileStopping, serve_until_signalled
+from sandbox_runtime.policy import McpPolicy
 
 __all__ = [
     "BearerTokenAuth",
@@ -174,11 +177,17 @@ def _wire() -> Iterator[tuple[IO[str], IO[str]]]:
         writer.close()
 
 
-def check_exposure(host: str, token: str | None, token_variable: str) -> None:
-    """Refuse to serve HTTP off loopback without a bearer token (:class:`PolicyError`)."""
-    if token is None and not is_loopback(host):
+def check_exposure(host: str, token: str | None, mcp: McpPolicy) -> None:
+    """Refuse to serve HTTP off loopback without a bearer token or OAuth, and with both (:class:`PolicyError`)."""
+    if mcp.auth.enabled and token is not None:
         raise PolicyError(
-            f"serving MCP over HTTP on {host} (not a loopback address) needs a bearer token: set ${token_variable}"
+            f"mcp.auth is set and ${mcp.token_variable} too: a server takes OAuth access tokens or the static "
+            "token, not both; unset one"
+        )
+    if token is None and not mcp.auth.enabled and not is_loopback(host):
+        raise PolicyError(
+            f"serving MCP over HTTP on {host} (not a loopback address) needs OAuth (mcp.auth) or a bearer token: "
+            f"set ${mcp.token_variable}"
         )
 
 
@@ -209,8 +218,28 @@ def rebinding_protection(host: str, port: int, *, bound_address: str | None = No
 def http_app(service: McpService, host: str, token: str | None, *, port: int, bound_address: str | None = None) -> Any:
     """The ASGI app: the SDK's streamable HTTP endpoint at ``/mcp`` with the Host/Origin checks of
     :func:`rebinding_protection`, behind the token when one is given."""
-    check_exposure(host, token, service.runtime.policy.mcp.token_variable)
+    mcp = service.runtime.policy.mcp
+    check_exposure(host, token, mcp)
     security = rebinding_protection(host, port, bound_address=bound_address)
+    if mcp.auth.enabled:
+        shown = f"[{host.strip('[]')}]" if ":" in host else host
+        audience = mcp.auth.audience or f"http://{shown}:{port}{MCP_HTTP_PATH}"
+        settings = AuthSettings.model_validate(  # the URLs as given: RFC 8414 compares an issuer exactly
+            {
+                "issuer_url": mcp.auth.issuer,
+                "resource_server_url": audience,
+                "required_scopes": mcp.auth.required_scopes or None,
+                "validate_token_resource": False,  # the verifier checks `aud` itself
+            }
+        )
+        guarded = service.server.streamable_http_app(
+            streamable_http_path=MCP_HTTP_PATH,
+            host=host,
+            transport_security=security,
+            auth=settings,
+            token_verifier=JwtVerifier(mcp.auth, audience),
+        )
+        return AuthRefusalAudit(guarded, service.runtime.state.audit)
     app: ASGIApp = service.server.streamable_http_app(
         streamable_http_path=MCP_HTTP_PATH, host=host, transport_security=security
     )

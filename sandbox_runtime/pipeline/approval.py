@@ -21,13 +21,13 @@ import hashlib
 import json
 import logging
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 from pydantic import BaseModel, ConfigDict
 
 from sandbox_runtime.policy import ApprovalPolicy, Rule
 
-__all__ = ["ApprovalRequest", "Approver", "judge", "make_request", "rule_for"]
+__all__ = ["ApprovalRequest", "Approver", "Judgement", "judge", "judgement", "make_request", "rule_for"]
 
 logger = logging.getLogger(__name__)
 
@@ -100,21 +100,39 @@ def rule_for(policy: ApprovalPolicy, request: ApprovalRequest) -> tuple[Rule, st
     return max(ruled, key=lambda pair: _STRICTNESS[pair[0]])
 
 
-def judge(policy: ApprovalPolicy, approver: Approver | None, request: ApprovalRequest) -> str | None:
-    """None when the call may run; otherwise the reason it may not (for the model to read)."""
+class Judgement(NamedTuple):
+    """How a call was judged: why it may not run (None: it may), the rule that applied and whose it was, and
+    whether someone (the approver) was asked."""
+
+    refusal: str | None
+    rule: Rule
+    ruled_by: str
+    asked: bool
+
+
+def judgement(policy: ApprovalPolicy, approver: Approver | None, request: ApprovalRequest) -> Judgement:
+    """Judge one call (see the module text): the refusal, if any, with the rule and whether the approver was asked."""
     rule, ruled_by = rule_for(policy, request)
     if rule == "ask" and approver is None:
-        rule = policy.rule_without_approver
-        if rule == "deny":
-            return f"calls of {ruled_by} need approval, and no approver is available"
+        fallback = policy.rule_without_approver
+        if fallback == "deny":
+            return Judgement(f"calls of {ruled_by} need approval, and no approver is available", rule, ruled_by, False)
+        return Judgement(None, rule, ruled_by, False)
     if rule != "ask":
-        return None if rule == "allow" else f"the policy denies calls of {ruled_by}"
+        refusal = None if rule == "allow" else f"the policy denies calls of {ruled_by}"
+        return Judgement(refusal, rule, ruled_by, False)
     assert approver is not None  # noqa: S101  (checked above)
     try:
         answer = approver(request)
     except Exception as exc:
         logger.exception("the approver failed on %s (%s)", request.tool, request.call_id)
-        return f"the approver failed: {type(exc).__name__}: {exc}"
+        return Judgement(f"the approver failed: {type(exc).__name__}: {exc}", rule, ruled_by, True)
     if answer is True:
-        return None
-    return answer if isinstance(answer, str) and answer else "the approver declined the call"
+        return Judgement(None, rule, ruled_by, True)
+    declined = answer if isinstance(answer, str) and answer else "the approver declined the call"
+    return Judgement(declined, rule, ruled_by, True)
+
+
+def judge(policy: ApprovalPolicy, approver: Approver | None, request: ApprovalRequest) -> str | None:
+    """None when the call may run; otherwise the reason it may not (for the model to read)."""
+    return judgement(policy, approver, request).refusal

@@ -57,9 +57,10 @@ from sandbox_runtime.models import (
     ToolCall,
     ToolOutcome,
 )
-from sandbox_runtime.pipeline.approval import Approver, judge, make_request
+from sandbox_runtime.pipeline.approval import ApprovalRequest, Approver, Judgement, judgement, make_request
 from sandbox_runtime.policy import Policy
 from sandbox_runtime.spill.spiller import is_mcp_error, result_text
+from sandbox_runtime.state.audit import AuditLog
 from sandbox_runtime.tools.base import ToolContext, ToolReturn, ToolSpec, validate_arguments
 from sandbox_runtime.tools.delegate import DelegateCallArgs, expand_delegate_call
 
@@ -110,6 +111,7 @@ class Call:
     error_path: str | None = None
     warnings: list[str] = field(default_factory=list)
     replaced: bool = False
+    queued_s: float = 0.0  # how long it waited for its tenant's run slot
 
     @property
     def call_id(self) -> str:
@@ -174,10 +176,12 @@ class CallRunner:
         tools: Mapping[str, ToolSpec],
         approver: Approver | None = None,
         clock: Callable[[], float] = time.time,
+        audit: AuditLog | None = None,
     ) -> None:
         self.policy = policy
         self.tools = tools
         self.approver = approver
+        self.audit = audit
         self._clock = clock
 
     def host_result(self, call: Call, result: object, is_error: bool) -> None:
@@ -226,7 +230,9 @@ class CallRunner:
             request = make_request(
                 self.policy.approval, ctx.conversation_id, call.call_id, target, sent, call.source, via=via
             )
-            refusal = judge(self.policy.approval, approver or self.approver, request)
+            judged = judgement(self.policy.approval, approver or self.approver, request)
+            self._audit_judgement(request, judged, sent)
+            refusal = judged.refusal
             if refusal is not None:
                 denied = f"Denied: {refusal}. The call of {target} was not made; do not retry it unchanged."
                 call.finish(ToolReturn(is_error=True, error=denied), "denied", self._clock())
@@ -245,6 +251,25 @@ class CallRunner:
                 "internal error in %s (call %s of conversation %s)", call.target, call.call_id, ctx.conversation_id
             )
             call.finish(internal_error(call.target, exc), "internal", self._clock())
+
+    def _audit_judgement(self, request: ApprovalRequest, judged: Judgement, sent: dict[str, Any]) -> None:
+        """An approval asked (and its answer), or a denial, in the audit trail (with the digest of the arguments
+        ``sent``, as the call's record has it)."""
+        if self.audit is None or not (judged.asked or judged.refusal is not None):
+            return
+        facts: dict[str, Any] = {
+            "tool": request.tool,
+            "via": request.via,
+            "arguments_sha256": _digest(sent),
+            "rule": judged.rule,
+            "ruled_by": judged.ruled_by,
+        }
+        conversation, call_id = request.conversation_id, request.call_id
+        if judged.asked:
+            answer = "allow" if judged.refusal is None else "deny"
+            self.audit.append("approval", conversation=conversation, call_id=call_id, answer=answer, **facts)
+        if judged.refusal is not None:
+            self.audit.append("denial", conversation=conversation, call_id=call_id, reason=judged.refusal, **facts)
 
     def _spec(self, name: str) -> ToolSpec:
         spec = self.tools.get(name)
@@ -339,6 +364,7 @@ def outcome(stored: StoredResult, fresh: Call | None = None) -> ToolOutcome:
             "blocks": ret.blocks,
             "annotations": ret.annotations,
             "structured": ret.structured,
+            "queued_s": fresh.queued_s,
         }
     return ToolOutcome(
         call_id=stored.call_id,

@@ -28,10 +28,12 @@ import time
 import uuid
 from collections import Counter
 from collections.abc import Callable, Sequence
+from typing import Any
 
 from sandbox_runtime.control import CallControl
 from sandbox_runtime.errors import InvalidToolArguments
 from sandbox_runtime.models import HostResult, SpillMode, StoredResult, ToolCall, ToolOutcome, TurnReport
+from sandbox_runtime.pipeline.admission import Admission
 from sandbox_runtime.pipeline.approval import Approver
 from sandbox_runtime.pipeline.call import (
     Call,
@@ -50,7 +52,7 @@ from sandbox_runtime.spill.failures import spill_error
 from sandbox_runtime.spill.spiller import result_text, spill_result
 from sandbox_runtime.spill.streamed import TableStream
 from sandbox_runtime.state.database import StateDB
-from sandbox_runtime.tools.base import ToolContext, ToolSpec
+from sandbox_runtime.tools.base import ToolContext, ToolReturn, ToolSpec
 from sandbox_runtime.workers import Workers
 
 __all__ = ["Call", "Dispatcher", "HostResult", "ToolCall", "ToolOutcome", "TurnReport"]
@@ -72,6 +74,7 @@ class Dispatcher:
         approver: Approver | None = None,
         *,
         lease_id: str,
+        admission: Admission | None = None,
     ) -> None:
         self.state = state
         self.claimer = CallClaimer(state, lease_id, policy.state.call_wait_s)
@@ -80,7 +83,8 @@ class Dispatcher:
         self._context = context
         self._workers = workers
         self._clock = clock
-        self.runner = CallRunner(policy, tools, approver, clock)
+        self.runner = CallRunner(policy, tools, approver, clock, audit=state.audit)
+        self.admission = admission or Admission(policy.admission)
 
     def context(self, conversation_id: str) -> ToolContext:
         """What the conversation's calls run with (its folders made and held)."""
@@ -187,7 +191,7 @@ class Dispatcher:
         kept = self.state.store_results(
             [stored_result(call, conversation_id, turn_id, now) for call in fresh.values()],
             [call_record(call, conversation_id, turn_id, cap, made_by) for call in fresh.values()],
-        )  # written before anything is returned; a concurrent first decision wins
+        )  # written (with their audit entries) before anything is returned; a concurrent first decision wins
         outcomes = []
         for call_id in ids:
             if call_id in fresh and kept[call_id].text == fresh[call_id].text():
@@ -236,8 +240,10 @@ class Dispatcher:
             try:
                 if isinstance(item, HostResult):
                     self.runner.host_result(call, item.result, item.is_error)
-                else:
+                elif made_by is not None:  # a script's call runs in its run's slot
                     self.runner.run(call, item.arguments, approver=approver, made_by=made_by)
+                else:
+                    self._admitted(call, item.arguments, approver, control)
                 self._spill_or_fault(call)
             except BaseException as exc:  # raised once the others of the turn are decided
                 return exc
@@ -252,6 +258,22 @@ class Dispatcher:
             (item.call_id or "", p) for item, p in zip(items, done, strict=True) if isinstance(p, BaseException)
         ]
         return prepared, failures
+
+    def _admitted(
+        self, call: Call, arguments: dict[str, Any], approver: Approver | None, control: CallControl | None
+    ) -> None:
+        """Run a call in a run slot of its conversation's tenant (:mod:`~sandbox_runtime.pipeline.admission`);
+        one cancelled while it waited is recorded cancelled, never run."""
+        tenant = self.state.tenants.of_key(call.ctx.conversation_id)
+        with self.admission.slot(tenant, control) as admitted:
+            call.queued_s = admitted.waited_s
+            if admitted.cancelled:
+                call.target = call.item.tool
+                call.started_at = self._clock()
+                left = f"Cancelled after {admitted.waited_s:.1f} s waiting for a run slot: {call.target} did not run."
+                call.finish(ToolReturn(is_error=True, error=left), "cancelled", call.started_at)
+                return
+            self.runner.run(call, arguments, approver=approver)
 
     # ------------------------------------------------------------------------------------------ spill
     def _spill_or_fault(self, call: Call) -> None:

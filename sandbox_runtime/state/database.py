@@ -18,6 +18,7 @@ from pydantic import BaseModel
 
 from sandbox_runtime.errors import ConversationDeleted
 from sandbox_runtime.models import Attachment, CallRecord, ResultDescriptor, StoredResult
+from sandbox_runtime.state.audit import AuditLog, call_detail
 from sandbox_runtime.state.claims import CallClaims
 from sandbox_runtime.state.engine import Row, StateEngine
 from sandbox_runtime.state.leases import LEASE_TTL_S, Leases
@@ -25,6 +26,7 @@ from sandbox_runtime.state.records import ConversationRecord, ExpiredFile, Sandb
 from sandbox_runtime.state.schema import SCHEMA_VERSION, migrate
 from sandbox_runtime.state.sqlite import STATE_PATH_MAX_BYTES, SqliteEngine
 from sandbox_runtime.state.tasks import TaskRecords
+from sandbox_runtime.state.tenants import TenantNames
 
 __all__ = ["SCHEMA_VERSION", "STATE_PATH_MAX_BYTES", "StateDB"]
 
@@ -108,6 +110,8 @@ class StateDB:
         self.leases = Leases(self.engine, lease_ttl_s)
         self.claims = CallClaims(self.engine, self.leases)
         self.tasks = TaskRecords(self.engine)
+        self.tenants = TenantNames(self.engine)
+        self.audit = AuditLog(self.engine, self.tenants)
 
     def report(self) -> StoreReport:
         """Where the state lives and its schema version."""
@@ -180,12 +184,17 @@ class StateDB:
 
     # sandboxes -------------------------------------------------------------------------------------------
     def record_sandbox(self, container_id: str, conversation_id: str, created_at: float) -> None:
-        with self.engine.statements() as db:
-            db.run(
+        """Record the conversation's sandbox (once; written to the audit trail when it is new)."""
+        tenant = self.audit.tenant_of(conversation_id)
+        with self.engine.transaction() as db:
+            added = db.run(
                 "INSERT INTO sandboxes(container_id, conversation_id, created_at, last_used_at) VALUES (?, ?, ?, ?) "
                 "ON CONFLICT(container_id) DO NOTHING",
                 (container_id, conversation_id, created_at, time.time()),
             )
+            if added:
+                facts = {"conversation": conversation_id, "container_id": container_id}
+                self.audit.append_in(db, "sandbox_started", tenant=tenant, **facts)
 
     def touch_sandbox(self, container_id: str, when: float) -> None:
         with self.engine.statements() as db:
@@ -210,27 +219,53 @@ class StateDB:
             )
         return [SandboxRecord(**row) for row in rows]
 
+    def live_sandbox_count(self, tag: str) -> int:
+        """How many sandboxes of a tenant's conversations (by its tag) are not recorded as removed."""
+        where = "conversation_id LIKE ?" if tag else "conversation_id NOT LIKE ?"
+        with self.engine.statements() as db:
+            row = db.row(
+                f"SELECT count(*) AS n FROM sandboxes WHERE removed_at IS NULL AND {where}",  # noqa: S608  (one of two constants)
+                (f"{tag}.%" if tag else "%.%",),
+            )
+        return 0 if row is None else int(row["n"])
+
     def mark_removed(self, container_id: str, reason: str) -> None:
         """Record the container as removed (before it is: nobody re-attaches it meanwhile) and clear it from every
         hold, in one transaction."""
         with self.engine.transaction() as db:
-            db.run(
-                "UPDATE sandboxes SET removed_at = ?, removed_reason = ? WHERE container_id = ? AND removed_at IS NULL",
+            marked = db.row(
+                "UPDATE sandboxes SET removed_at = ?, removed_reason = ? WHERE container_id = ? AND removed_at IS NULL "
+                "RETURNING conversation_id",
                 (time.time(), reason, container_id),
             )
             db.run("UPDATE holds SET container_id = NULL WHERE container_id = ?", (container_id,))
+            if marked is not None:
+                conversation = str(marked["conversation_id"])
+                tenant = self.audit.tenant_of(conversation)  # (the tenants table is read apart: cached as a rule)
+                facts = {"conversation": conversation, "tenant": tenant, "container_id": container_id}
+                self.audit.append_in(db, "sandbox_removed", reason=reason, **facts)
 
     # tool results -----------------------------------------------------------------------------------------
     def store_results(
         self, results: list[StoredResult], calls: list[CallRecord] | None = None
     ) -> dict[str, StoredResult]:
-        """Record decisions (and their calls' execution records) in one transaction; a call id decided before
+        """Record decisions (and their calls' execution records) in one transaction, with an audit entry for each
+        call whose decision this is (:func:`~sandbox_runtime.state.audit.call_detail`); a call id decided before
         keeps its first decision. Returns what is stored for each call id afterwards."""
+        records = {c.call_id: c for c in calls or []}
+        tenants = {r.conversation_id: self.audit.tenant_of(r.conversation_id) for r in results}
         with self.engine.transaction() as db:
-            for c in calls or []:
+            for c in records.values():
                 db.run(_INSERT_CALL, _call_values(c))
             for r in results:
-                db.run(_INSERT_RESULT, _result_values(r))
+                decided_now = db.run(_INSERT_RESULT, _result_values(r))
+                record = records.get(r.call_id)
+                if decided_now and record is not None:
+                    conversation, tenant = r.conversation_id, tenants[r.conversation_id]
+                    detail = call_detail(record, r.text)
+                    self.audit.append_in(
+                        db, "call", conversation=conversation, call_id=r.call_id, tenant=tenant, **detail
+                    )
         by_conversation: dict[str, list[str]] = {}
         for r in results:
             by_conversation.setdefault(r.conversation_id, []).append(r.call_id)
@@ -292,7 +327,9 @@ class StateDB:
 
     # attachments ------------------------------------------------------------------------------------------
     def record_attachment(self, conversation_id: str, a: Attachment) -> None:
-        with self.engine.statements() as db:
+        """Record an attachment, with its audit entry."""
+        tenant = self.audit.tenant_of(conversation_id)
+        with self.engine.transaction() as db:
             db.run(
                 "INSERT INTO attachments(conversation_id, attachment_id, filename, bytes, mime_type, sha256, source, "
                 "host_path, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
@@ -307,6 +344,17 @@ class StateDB:
                     a.host_path,
                     time.time(),
                 ),
+            )
+            self.audit.append_in(
+                db,
+                "attachment_made",
+                conversation=conversation_id,
+                tenant=tenant,
+                attachment_id=a.attachment_id,
+                filename=a.filename,
+                bytes=a.bytes,
+                sha256=a.sha256,
+                source=a.source,
             )
 
     def attachments(self, conversation_id: str) -> list[Attachment]:

@@ -2,8 +2,9 @@
 
 Every record is copied in one transaction on the server (all of it, or nothing): conversations, sandboxes,
 decisions and the execution record (in the order they were stored, so a replay afterwards gives the same texts in
-the same order), attachments, expired files and tasks. Leases, holds and claims are not copied: they belong to
-live processes, and a migration refuses to start while one uses the state. The server's database must hold no
+the same order), attachments, expired files, tasks, tenants and the audit trail (its chain and head as they
+were: ``audit verify`` passes on the server as it did on the file). Leases, holds and claims are not copied: they
+belong to live processes, and a migration refuses to start while one uses the state. The server's database must hold no
 state yet. Afterwards the SQLite file is renamed (kept, never used again) and the state directory names the
 server (``state.url``): a runtime opening the directory without that server's URL is refused.
 """
@@ -23,7 +24,17 @@ from sandbox_runtime.state.engine import Row
 __all__ = ["MigrationReport", "copy_state"]
 
 # every table of records, parents first; the insertion order of the ones a replay reads in order is kept
-_TABLES = ("conversations", "sandboxes", "tool_results", "calls", "attachments", "expired_files", "tasks")
+_TABLES = (
+    "conversations",
+    "sandboxes",
+    "tool_results",
+    "calls",
+    "attachments",
+    "expired_files",
+    "tasks",
+    "tenants",
+    "audit_log",
+)
 _IN_ORDER = frozenset({"tool_results", "calls"})
 _BATCH_ROWS = 500
 
@@ -75,6 +86,8 @@ def copy_state(source: StateDB, target: StateDB, sqlite_file: Path) -> Migration
             for start in range(0, len(found), _BATCH_ROWS):
                 tx.run_many(insert, [tuple(row[c] for c in columns) for row in found[start : start + _BATCH_ROWS]])
             rows[table] = len(found)
+        seq, digest = source.audit.head()  # the chain goes on where it ended
+        tx.run("UPDATE audit_head SET seq = ?, hash = ? WHERE id = 1", (seq, digest))
     before, after = _decisions_digest(source), _decisions_digest(target)
     if before != after:  # never expected: the server's copy stays, the SQLite file too, and both are named
         raise SandboxRuntimeError(

@@ -15,6 +15,7 @@ import logging
 from typing import NamedTuple
 
 from sandbox_runtime.errors import StateVersionUnknown
+from sandbox_runtime.state.audit import GENESIS_HASH
 from sandbox_runtime.state.engine import EngineKind, StateEngine
 from sandbox_runtime.state.leases import LEASE_TABLES
 
@@ -157,6 +158,32 @@ _MIGRATIONS: tuple[tuple[str | _Only | _AddColumn, ...], ...] = (
             updated_at REAL NOT NULL,
             PRIMARY KEY (conversation_id, turn_id)
         )""",
+    ),
+    (  # 4 -> 5: tenants (a conversation key holds its tenant's tag; the tag's tenant is kept here) and the
+        # hash-chained audit trail, with its head (the last entry's number and hash; its one row serialises appends)
+        """CREATE TABLE IF NOT EXISTS tenants (
+            tag TEXT PRIMARY KEY,
+            tenant TEXT NOT NULL,
+            first_seen_at REAL NOT NULL
+        )""",
+        """CREATE TABLE IF NOT EXISTS audit_log (
+            seq INTEGER PRIMARY KEY,
+            at REAL NOT NULL,
+            kind TEXT NOT NULL,
+            tenant TEXT,
+            conversation_id TEXT,
+            call_id TEXT,
+            detail TEXT NOT NULL,
+            prev_hash TEXT NOT NULL,
+            hash TEXT NOT NULL
+        )""",
+        "CREATE INDEX IF NOT EXISTS audit_by_time ON audit_log(at)",
+        """CREATE TABLE IF NOT EXISTS audit_head (
+            id INTEGER PRIMARY KEY,
+            seq INTEGER NOT NULL,
+            hash TEXT NOT NULL
+        )""",
+        f"INSERT INTO audit_head(id, seq, hash) VALUES (1, 0, '{GENESIS_HASH}') ON CONFLICT(id) DO NOTHING",  # noqa: S608  (a constant)
     ),
 )
 SCHEMA_VERSION = len(_MIGRATIONS)

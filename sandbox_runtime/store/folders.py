@@ -25,13 +25,11 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import re
 import shutil
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict
 
-from sandbox_runtime.errors import InvalidConversationId
 from sandbox_runtime.models import QuotaMode
 from sandbox_runtime.policy import Policy
 from sandbox_runtime.store.outputs import AttachmentStore, OutputsLimits, OutputsUsage
@@ -44,38 +42,17 @@ from sandbox_runtime.store.quota import (
     unmount_loop_quota,
 )
 from sandbox_runtime.store.safe_paths import ResultsRoot
+from sandbox_runtime.tenancy import validate_conversation_key
 
 __all__ = [
-    "CONVERSATION_ID_MAX_CHARS",
     "RESULT_SUBFOLDERS",
     "ConversationFolders",
     "ConversationStore",
-    "validate_conversation_id",
 ]
 
 logger = logging.getLogger(__name__)
 
-CONVERSATION_ID_MAX_CHARS = 64
 RESULT_SUBFOLDERS = ("spill", "errors", "args", "exports", "scripts")
-_ID_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]*")
-
-
-def validate_conversation_id(conversation_id: object) -> str:
-    """Return the id when it is 1-64 characters of ``[A-Za-z0-9_-]`` starting with a letter or digit."""
-    if not isinstance(conversation_id, str):
-        raise InvalidConversationId(f"a conversation id must be a string, not {type(conversation_id).__name__}")
-    if not conversation_id:
-        raise InvalidConversationId("a conversation id must not be empty")
-    if len(conversation_id) > CONVERSATION_ID_MAX_CHARS:
-        raise InvalidConversationId(
-            f"a conversation id has at most {CONVERSATION_ID_MAX_CHARS} characters; this one has {len(conversation_id)}"
-        )
-    if not _ID_PATTERN.fullmatch(conversation_id):
-        raise InvalidConversationId(
-            f"conversation id {conversation_id!r} may only hold A-Z, a-z, 0-9, '_' and '-', and must start "
-            "with a letter or digit"
-        )
-    return conversation_id
 
 
 class ConversationFolders(BaseModel):
@@ -101,7 +78,7 @@ class ConversationStore:
         self.quota_mode: QuotaMode = resolve_quota_mode(policy.store.quota_mode)
 
     def folders(self, conversation_id: str, quota_mode: QuotaMode | None = None) -> ConversationFolders:
-        validate_conversation_id(conversation_id)
+        validate_conversation_key(conversation_id)
         root = self.state_dir / "conversations" / conversation_id
         return ConversationFolders(
             conversation_id=conversation_id,
@@ -204,6 +181,18 @@ class ConversationStore:
     def attachments(self, folders: ConversationFolders) -> AttachmentStore:
         """The conversation's ``outputs/`` under the policy's attachments quota."""
         return AttachmentStore(folders.outputs, self.outputs_limits())
+
+    def held_bytes(self, folders: ConversationFolders) -> int:
+        """Bytes a conversation's results folder holds on the host disk, without mounting anything: the blocks its
+        quota volume has allocated (loop), else a bounded walk of the folder."""
+        if folders.quota_mode == "loop":
+            try:
+                return os.stat(folders.volume).st_blocks * 512
+            except FileNotFoundError:
+                return 0
+        if not folders.results.is_dir():
+            return 0
+        return self.results_root(folders).measure_usage().bytes_used
 
     def outputs_usage(self, folders: ConversationFolders) -> OutputsUsage:
         """Attachments and bytes of distinct content in ``outputs/``, with their limits (needs no mount)."""

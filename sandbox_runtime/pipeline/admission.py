@@ -1,0 +1,232 @@
+"""Fair admission: how the tenants of one runtime share its capacity (the policy's ``[admission]``).
+
+A call a model (or host) makes takes a **run slot** while it runs: at most ``tenant_runs_max`` of one tenant at
+once and ``runs_max`` of all tenants (this runtime's; each replica counts its own). A call that finds no free
+slot waits in its tenant's queue: first come first served within a tenant, and **round-robin across tenants**: when
+a slot frees, the next tenant after the one served last that has a call waiting (and a slot of its own left) is
+served, so one tenant's burst of twenty calls delays another tenant's single call by at most one slot's release (the
+waiting tenant served longest ago goes first; one with nothing running or waiting counts as never served).
+While it waits, a call reports its place in line as progress (``notifications/progress`` over MCP), about once a
+second; one cancelled leaves the queue and never runs; one that waited ``max_wait_s`` fails with
+:class:`~sandbox_runtime.errors.AdmissionRefused` carrying ``retry_after_s``.
+
+Calls a ``run_python`` script makes (``sandbox_tools``) run inside their run's slot and never queue (a script
+waiting for a slot its own run holds would never end); a stored decision replayed takes no slot; a host's own
+result handed in takes none.
+
+A tenant whose results folders hold ``tenant_disk_max_bytes`` or more is refused at once (waiting frees no
+disk): its usage is measured at most every ``DISK_LOOK_S`` seconds (the allocated blocks of each conversation's
+quota volume, or a bounded walk of its folder). The sandbox limit (``tenant_sandboxes_max``) is kept where
+sandboxes start (:mod:`~sandbox_runtime.conversations.service`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+
+from pydantic import BaseModel, ConfigDict
+
+from sandbox_runtime.control import CallControl
+from sandbox_runtime.errors import AdmissionRefused
+from sandbox_runtime.tenant_policy import AdmissionPolicy
+
+__all__ = ["DISK_LOOK_S", "Admission", "Admitted", "TenantQuota"]
+
+logger = logging.getLogger(__name__)
+
+DISK_LOOK_S = 30.0
+_PROGRESS_EVERY_S = 1.0
+
+
+class TenantQuota(BaseModel):
+    """What a tenant uses and may use now (``_meta["sandbox-runtime/quota"]`` of every MCP result)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    tenant: str
+    runs: int
+    runs_max: int
+    waiting: int
+    runs_all: int  # every tenant's, in this runtime
+    runs_all_max: int
+    sandboxes: int | None = None
+    sandboxes_max: int
+    disk_bytes: int | None = None  # as last measured (at most DISK_LOOK_S old)
+    disk_max_bytes: int
+    waited_s: float = 0.0  # how long the call waited for its turn
+
+
+@dataclass
+class Admitted:
+    """A call's turn: how long it waited (``cancelled``: it left the queue instead, and must not run)."""
+
+    tenant: str
+    waited_s: float = 0.0
+    cancelled: bool = False
+
+
+@dataclass
+class _Ticket:
+    tenant: str
+    granted: threading.Event = field(default_factory=threading.Event)
+
+
+class Admission:
+    """The run slots of one runtime and the fair queue in front of them (see the module text). ``disk_used``
+    measures a tenant's results folders in bytes (None: no disk limit is kept)."""
+
+    def __init__(
+        self,
+        policy: AdmissionPolicy,
+        disk_used: Callable[[str], int] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.policy = policy
+        self._disk_used = disk_used
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._running: dict[str, int] = {}
+        self._running_all = 0
+        self._queues: dict[str, deque[_Ticket]] = {}  # in the order tenants began to wait
+        self._granted_at: dict[str, int] = {}  # a tenant with calls running or waiting -> its last grant's number
+        self._grants = 0
+        self._disk: dict[str, tuple[float, int]] = {}  # tenant -> (measured at, bytes)
+
+    @contextlib.contextmanager
+    def slot(self, tenant: str, control: CallControl | None = None) -> Iterator[Admitted]:
+        """Hold one run slot of ``tenant`` for the block (waiting for it first; see the module text)."""
+        self._check_disk(tenant)
+        admitted = self._wait_for_turn(tenant, control)
+        if admitted.cancelled:
+            yield admitted
+            return
+        try:
+            yield admitted
+        finally:
+            with self._lock:
+                self._running[tenant] -= 1
+                self._running_all -= 1
+                if not self._running[tenant]:
+                    del self._running[tenant]
+                    if tenant not in self._queues:
+                        self._granted_at.pop(tenant, None)  # idle again: first in line next time
+                self._serve()
+
+    def quota(self, tenant: str, *, waited_s: float = 0.0, sandboxes: int | None = None) -> TenantQuota:
+        with self._lock:
+            runs, runs_all = self._running.get(tenant, 0), self._running_all
+            waiting = len(self._queues.get(tenant, ()))
+            disk = self._disk.get(tenant)
+        return TenantQuota(
+            tenant=tenant,
+            runs=runs,
+            runs_max=self.policy.tenant_runs_max,
+            waiting=waiting,
+            runs_all=runs_all,
+            runs_all_max=self.policy.runs_max,
+            sandboxes=sandboxes,
+            sandboxes_max=self.policy.tenant_sandboxes_max,
+            disk_bytes=None if disk is None else disk[1],
+            disk_max_bytes=self.policy.tenant_disk_max_bytes,
+            waited_s=round(waited_s, 3),
+        )
+
+    # ------------------------------------------------------------------------------------------ the queue
+    def _wait_for_turn(self, tenant: str, control: CallControl | None) -> Admitted:
+        started = self._clock()
+        ticket = _Ticket(tenant)
+        with self._lock:
+            if not self._queues and self._free(tenant):  # nobody waits: straight in
+                self._grant(ticket)
+                return Admitted(tenant)
+            self._queues.setdefault(tenant, deque()).append(ticket)
+            self._serve()
+        deadline = started + self.policy.max_wait_s
+        while not ticket.granted.wait(timeout=max(0.0, min(_PROGRESS_EVERY_S, deadline - self._clock()))):
+            if control is not None and control.is_cancelled and self._leave(ticket):
+                return Admitted(tenant, waited_s=self._clock() - started, cancelled=True)
+            if self._clock() >= deadline and self._leave(ticket):
+                raise AdmissionRefused(
+                    f"tenant {tenant!r} has {self.policy.tenant_runs_max} calls running (admission.tenant_runs_max) "
+                    f"or the runtime is full ({self.policy.runs_max}, admission.runs_max), and this call waited "
+                    f"{self.policy.max_wait_s:g} s (admission.max_wait_s) without its turn; nothing ran: try "
+                    f"again in {self.policy.retry_after_s:g} s",
+                    retry_after_s=self.policy.retry_after_s,
+                )
+            if control is not None:
+                control.report(self._clock() - started, None, self._place(ticket))
+        return Admitted(tenant, waited_s=self._clock() - started)
+
+    def _free(self, tenant: str) -> bool:
+        return self._running_all < self.policy.runs_max and self._running.get(tenant, 0) < self.policy.tenant_runs_max
+
+    def _grant(self, ticket: _Ticket) -> None:
+        self._running[ticket.tenant] = self._running.get(ticket.tenant, 0) + 1
+        self._running_all += 1
+        self._granted_at[ticket.tenant] = self._grants
+        self._grants += 1
+        ticket.granted.set()
+
+    def _serve(self) -> None:
+        """Give free slots to waiting calls (the lock held): each to the head of the queue of the waiting tenant
+        served longest ago (never: first) that has a slot of its own left — round-robin across tenants."""
+        while self._queues and self._running_all < self.policy.runs_max:
+            eligible = [t for t in self._queues if self._running.get(t, 0) < self.policy.tenant_runs_max]
+            if not eligible:
+                return  # every waiting tenant is at its own limit
+            tenant = min(eligible, key=lambda t: self._granted_at.get(t, -1))  # ties: the first to wait
+            queue = self._queues[tenant]
+            ticket = queue.popleft()
+            if not queue:
+                del self._queues[tenant]
+            self._grant(ticket)
+
+    def _leave(self, ticket: _Ticket) -> bool:
+        """Take a ticket out of its queue; False when it was granted meanwhile (then it runs after all)."""
+        with self._lock:
+            if ticket.granted.is_set():
+                return False
+            queue = self._queues[ticket.tenant]
+            queue.remove(ticket)
+            if not queue:
+                del self._queues[ticket.tenant]
+                if ticket.tenant not in self._running:
+                    self._granted_at.pop(ticket.tenant, None)
+            return True
+
+    def _place(self, ticket: _Ticket) -> str:
+        with self._lock:
+            queue = self._queues.get(ticket.tenant, deque())
+            place = next((i for i, t in enumerate(queue) if t is ticket), 0) + 1
+            others = sum(len(q) for tenant, q in self._queues.items() if tenant != ticket.tenant)
+            running = self._running.get(ticket.tenant, 0)
+        return (
+            f"waiting for a run slot: place {place} in line for tenant {ticket.tenant!r} ({running} of "
+            f"{self.policy.tenant_runs_max} running); {others} calls of other tenants waiting"
+        )
+
+    # ------------------------------------------------------------------------------------------ disk
+    def _check_disk(self, tenant: str) -> None:
+        if self._disk_used is None:
+            return
+        now = self._clock()
+        with self._lock:
+            known = self._disk.get(tenant)
+        if known is None or now - known[0] >= DISK_LOOK_S:
+            known = (now, self._disk_used(tenant))
+            with self._lock:
+                self._disk[tenant] = known
+        used, limit = known[1], self.policy.tenant_disk_max_bytes
+        if used >= limit:
+            raise AdmissionRefused(
+                f"tenant {tenant!r} holds {used:,} bytes in its results folders, at or over its "
+                f"{limit:,} (admission.tenant_disk_max_bytes); nothing ran: delete conversations it no longer needs, "
+                "or wait for retention to remove old files",
+                retry_after_s=DISK_LOOK_S,
+            )
