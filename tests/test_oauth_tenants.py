@@ -36,6 +36,7 @@ REPO = Path(__file__).resolve().parent.parent
 TASKS_DRIVER = REPO / "tests" / "clients" / "tenant_tasks_client.mjs"
 ACCEPT = {"Accept": "application/json, text/event-stream", "Content-Type": "application/json"}
 WAIT_S = 60.0
+STATELESS = "2026-07-28"
 
 
 class OAuthServer(NamedTuple):
@@ -167,11 +168,12 @@ def test_every_refusal_is_audited_with_its_reason_and_no_token_is_kept_anywhere(
 
 # ---------------------------------------------------------------------------------------------- two tenants
 @asynccontextmanager
-async def _client(server: OAuthServer, token: str) -> AsyncIterator[Client]:
-    """The SDK's own client over streamable HTTP, sending ``token``."""
+async def _client(server: OAuthServer, token: str, mode: str = "legacy") -> AsyncIterator[Client]:
+    """The SDK's own client over streamable HTTP, sending ``token`` (``mode``: the handshake era, or the stateless
+    2026-07-28 protocol)."""
     async with (
         httpx2.AsyncClient(headers={"Authorization": f"Bearer {token}"}, timeout=120) as http,
-        Client(streamable_http_client(server.url, http_client=http), mode="legacy") as client,
+        Client(streamable_http_client(server.url, http_client=http), mode=mode) as client,
     ):
         yield client
 
@@ -265,6 +267,29 @@ def test_a_tenant_reaches_nothing_of_another_tenants_conversation_whatever_it_na
     assert conversation_key("bob", "shared") in folders
     alice_file = server.state / "conversations" / conversation_key("alice", "shared") / "results" / "secret.txt"
     assert alice_file.read_text() == "alice's secret"  # bob's write went to his own folder
+
+
+async def _stateless_tenants(server: OAuthServer) -> dict[str, Any]:
+    seen: dict[str, Any] = {}
+    async with _client(server, server.token("erin"), STATELESS) as erin:
+        wrote = await erin.call_tool("write_file", {"path": "/mnt/results/note.txt", "content": "erin's"})
+        seen["erin"] = call_meta(wrote)
+    async with _client(server, server.token("frank", alg="ES256"), STATELESS) as frank:
+        read = await frank.call_tool("read_file", {"path": "/mnt/results/note.txt"})
+        seen["frank"] = (read.is_error, text_of(read), call_meta(read))
+    return seen
+
+
+def test_stateless_requests_each_carry_their_tenant(server: OAuthServer) -> None:
+    seen = run_bounded(_stateless_tenants, server)
+    assert seen["erin"]["conversation"] == "mcp-http"  # each tenant's default conversation is its own
+    assert seen["erin"]["quota"]["tenant"] == "erin"
+    is_error, said, meta = seen["frank"]
+    assert is_error
+    assert "PathNotFound" in said
+    assert meta["quota"]["tenant"] == "frank"
+    erin_file = server.state / "conversations" / conversation_key("erin", "mcp-http") / "results" / "note.txt"
+    assert erin_file.read_text() == "erin's"
 
 
 SLEEPER = "import time\nopen('started.txt', 'w').write('x')\ntime.sleep(90)\nprint('never cancelled')"
