@@ -252,7 +252,7 @@ def test_an_infrastructure_failure_raises_after_the_other_calls_of_its_turn_are_
 
     with pytest.raises(ImageError):  # the retry runs only the failed call
         conversation.run_turn(turn)
-    assert notes.runs == [{"n": 1}, {"n": 2}]
+    assert sorted(run["n"] for run in notes.runs) == [1, 2]  # once each (the first turn ran them in parallel)
 
 
 def test_what_raises_and_what_the_model_reads() -> None:
