@@ -40,7 +40,7 @@ from sandbox_runtime.api.conversation import Conversation
 from sandbox_runtime.conversations.service import ConversationService
 from sandbox_runtime.errors import InvalidConversationId, SandboxRuntimeError, ToolNameTaken
 from sandbox_runtime.models import SpillMode
-from sandbox_runtime.pipeline.admission import Admission, TenantQuota
+from sandbox_runtime.pipeline.admission import DISK_LOOK_S, Admission, TenantQuota
 from sandbox_runtime.pipeline.approval import Approver
 from sandbox_runtime.pipeline.dispatch import Dispatcher
 from sandbox_runtime.policy import Policy, load_policy
@@ -167,6 +167,7 @@ class Runtime:
         if warm_pool or (warm_pool is None and self.policy.pool.keep_in == "all"):
             self.start_warm_pool()
         self.workers.every(self.policy.state.lease_ttl_s / 3, "lease", self.manager.renew_lease)
+        self.workers.every(DISK_LOOK_S, "tenant-disk", self.admission.measure_disk)
         if reap_interval_s is not None:
             self.workers.every(reap_interval_s, "reaper", self.conversations.reap)
         if retention_interval_s == "policy":

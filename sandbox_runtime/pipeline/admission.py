@@ -15,9 +15,10 @@ waiting for a slot its own run holds would never end); a stored decision replaye
 result handed in takes none.
 
 A tenant whose results folders hold ``tenant_disk_max_bytes`` or more is refused at once (waiting frees no
-disk): its usage is measured at most every ``DISK_LOOK_S`` seconds (the allocated blocks of each conversation's
-quota volume, or a bounded walk of its folder). The sandbox limit (``tenant_sandboxes_max``) is kept where
-sandboxes start (:mod:`~sandbox_runtime.conversations.service`).
+disk). Its usage is measured in the background (:meth:`Admission.measure_disk`, every ``DISK_LOOK_S`` seconds, for
+the tenants that made calls since: the allocated blocks of each conversation's quota volume, or a bounded walk of
+its folder), never on a call's way: a call is checked against the last measure. The sandbox limit
+(``tenant_sandboxes_max``) is kept where sandboxes start (:mod:`~sandbox_runtime.conversations.service`).
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from dataclasses import dataclass, field
 from pydantic import BaseModel, ConfigDict
 
 from sandbox_runtime.control import CallControl
-from sandbox_runtime.errors import AdmissionRefused
+from sandbox_runtime.errors import AdmissionRefused, SandboxRuntimeError
 from sandbox_runtime.tenant_policy import AdmissionPolicy
 
 __all__ = ["DISK_LOOK_S", "Admission", "Admitted", "TenantQuota"]
@@ -97,6 +98,7 @@ class Admission:
         self._granted_at: dict[str, int] = {}  # a tenant with calls running or waiting -> its last grant's number
         self._grants = 0
         self._disk: dict[str, tuple[float, int]] = {}  # tenant -> (measured at, bytes)
+        self._disk_seen: set[str] = set()  # tenants that made a call since the last look
 
     @contextlib.contextmanager
     def slot(self, tenant: str, control: CallControl | None = None) -> Iterator[Admitted]:
@@ -213,20 +215,36 @@ class Admission:
 
     # ------------------------------------------------------------------------------------------ disk
     def _check_disk(self, tenant: str) -> None:
+        """Refuse a tenant its last measure says is over its disk share (one not measured yet goes on: the next
+        look measures it)."""
         if self._disk_used is None:
             return
-        now = self._clock()
         with self._lock:
+            self._disk_seen.add(tenant)
             known = self._disk.get(tenant)
-        if known is None or now - known[0] >= DISK_LOOK_S:
-            known = (now, self._disk_used(tenant))
-            with self._lock:
-                self._disk[tenant] = known
-        used, limit = known[1], self.policy.tenant_disk_max_bytes
-        if used >= limit:
+        limit = self.policy.tenant_disk_max_bytes
+        if known is not None and known[1] >= limit:
             raise AdmissionRefused(
-                f"tenant {tenant!r} holds {used:,} bytes in its results folders, at or over its "
+                f"tenant {tenant!r} holds {known[1]:,} bytes in its results folders, at or over its "
                 f"{limit:,} (admission.tenant_disk_max_bytes); nothing ran: delete conversations it no longer needs, "
                 "or wait for retention to remove old files",
                 retry_after_s=DISK_LOOK_S,
             )
+
+    def measure_disk(self) -> None:
+        """Measure the disk share of every tenant that made a call since the last look, and of every tenant over
+        its share (so that one that freed space is let in again): a background job, every ``DISK_LOOK_S``."""
+        if self._disk_used is None:
+            return
+        limit = self.policy.tenant_disk_max_bytes
+        with self._lock:
+            tenants, self._disk_seen = self._disk_seen, set()
+            tenants |= {tenant for tenant, (_, used) in self._disk.items() if used >= limit}
+        for tenant in sorted(tenants):
+            try:
+                used = self._disk_used(tenant)
+            except (OSError, SandboxRuntimeError) as exc:  # the next look tries again; the last measure stays
+                logger.warning("could not measure the disk use of tenant %r: %s", tenant, exc)
+                continue
+            with self._lock:
+                self._disk[tenant] = (self._clock(), used)
