@@ -114,16 +114,23 @@ class AdmissionPolicy(_Model):
     (first come within a tenant, round-robin across tenants), then fails with a retry-after."""
 
     tenant_runs_max: Annotated[int, Field(gt=0)] = Field(
-        4, description="Calls of one tenant running at once (in this runtime); more wait their turn."
+        32,
+        description="Calls of one tenant running at once (in this runtime); more wait their turn. The default "
+        "binds no one tenant below the host-wide cap (a single-tenant host runs as before); a server many tenants "
+        "share sets it lower (e.g. 4).",
     )
     runs_max: Annotated[int, Field(gt=0)] = Field(
-        16, description="Calls of all tenants running at once (in this runtime): the host-wide cap."
+        32, description="Calls of all tenants running at once (in this runtime): the host-wide cap."
     )
     tenant_sandboxes_max: Annotated[int, Field(gt=0)] = Field(
-        16, description="Live sandboxes one tenant may have (every replica's): a call needing one more waits."
+        1024,
+        description="Live sandboxes one tenant may have (every replica's): a call needing one more waits. A server "
+        "many tenants share sets it to its share (e.g. 16).",
     )
     tenant_disk_max_bytes: Annotated[int, Field(gt=0)] = Field(
-        10 * GiB, description="Bytes one tenant's conversations' results folders may hold together."
+        1024 * GiB,
+        description="Bytes one tenant's conversations' results folders may hold together (a server many tenants "
+        "share sets its share, e.g. 10 GiB).",
     )
     max_wait_s: float = Field(
         120.0, ge=0, le=3600, description="The longest a call waits for its turn before it fails (retry later)."
