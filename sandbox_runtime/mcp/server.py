@@ -290,18 +290,19 @@ class McpService:
 
     def _resources(self, conversation: str) -> list[types.Resource]:
         """The files a conversation (by its key) saved, newest first."""
-        stored = self.runtime.state.stored_results(conversation).values()
-        saved = [(d, d.descriptor) for d in stored if d.descriptor is not None][-_RESOURCES_LISTED_MAX:]
+        if self.runtime.state.conversation(conversation) is None:
+            return []
         mount = self.runtime.policy.sandbox.results_mount_path
+        saved = self.runtime.conversation_by_key(conversation).spills()[-_RESOURCES_LISTED_MAX:]
         return [
             types.Resource(
-                uri=result_uri(key_id(conversation), saved_file.path, mount),
-                name=saved_file.path.rsplit("/", 1)[-1],
-                mime_type=mime_type(saved_file.path, saved_file.format),
-                size=saved_file.bytes,
-                description=f"{decision.tool} result of call {decision.call_id}",
+                uri=result_uri(key_id(conversation), s.descriptor.path, mount),
+                name=s.descriptor.path.rsplit("/", 1)[-1],
+                mime_type=mime_type(s.descriptor.path, s.descriptor.format),
+                size=s.descriptor.bytes,
+                description=f"{s.tool} result of call {s.call_id}",
             )
-            for decision, saved_file in reversed(saved)
+            for s in reversed(saved)
         ]
 
     async def _list_templates(
