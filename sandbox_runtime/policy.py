@@ -18,6 +18,7 @@ from urllib.parse import urlsplit
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from sandbox_runtime.errors import PolicyError
+from sandbox_runtime.telemetry_policy import TelemetryPolicy
 from sandbox_runtime.tenant_policy import AdmissionPolicy, McpAuthPolicy
 
 __all__ = [
@@ -35,6 +36,7 @@ __all__ = [
     "SqlPolicy",
     "StatePolicy",
     "StorePolicy",
+    "TelemetryPolicy",
     "ToolSpillRule",
     "ToolsPolicy",
     "UpstreamServer",
@@ -470,6 +472,7 @@ class Policy(_Model):
     sql: SqlPolicy = SqlPolicy()
     mcp: McpPolicy = McpPolicy()
     admission: AdmissionPolicy = AdmissionPolicy()
+    telemetry: TelemetryPolicy = TelemetryPolicy()
 
     def changed(self, changes: dict[str, Any], source: str) -> Policy:
         """This policy with ``changes`` (a nested mapping, like a policy file) laid on top, validated again;

@@ -13,6 +13,7 @@ thread instead: a full pool never waits on itself.
 
 from __future__ import annotations
 
+import contextvars
 import logging
 import threading
 from collections.abc import Callable, Iterable
@@ -50,12 +51,15 @@ class Workers:
 
     # the call pool ---------------------------------------------------------------------------------------
     def _marked(self, fn: Callable[[T], R]) -> Callable[[T], R]:
+        """``fn`` counted as running, in the caller's context (its current span and log fields follow it)."""
+        context = contextvars.copy_context()
+
         def run(item: T) -> R:
             self._in_pool.active = True
             with self._idle:
                 self._running += 1
             try:
-                return fn(item)
+                return context.copy().run(fn, item)
             finally:
                 self._in_pool.active = False
                 with self._idle:

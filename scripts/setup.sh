@@ -5,7 +5,8 @@
 #      never need one), with gVisor (runsc) registered; and Podman's service (the "podman" backend, which the
 #      tests run the conformance, containment and client suites on too), started the same way when none answers;
 #   2. the Python package with its MCP and PostgreSQL extras and its development tools (pydantic-ai's MCP client
-#      too) in .venv, and PostgreSQL's server programs (no cluster: the tests start private ones);
+#      too) in .venv, and PostgreSQL's server programs (no cluster: the tests start private ones), and Prometheus
+#      (its server and promtool; its system service is never left running: the tests start private ones);
 #   3. real upstream MCP servers for the gateway tests, in .venv-upstream;
 #   4. third-party MCP clients and servers for the interoperability tests: langchain-mcp-adapters in
 #      .venv-langchain, the MCP Inspector CLI and server-everything (Node) in .npm-tools;
@@ -75,6 +76,23 @@ if ! dpkg -s postgresql >/dev/null 2>&1; then
       'create_main_cluster = false' | as_root tee /etc/postgresql-common/createcluster.conf >/dev/null
   fi
   apt_install postgresql
+fi
+# Prometheus for the metrics tests, which start a private server of their own on 127.0.0.1
+# (tests/prometheus_server.py). Recommends left out (the node exporter). The package enables and starts a system
+# service listening on :9090 on every interface: disabled and stopped at once under systemd, and stopped (by its
+# init script's pid file, which only names that service) where an init script started it.
+if ! dpkg -s prometheus >/dev/null 2>&1; then
+  [ "$apt_updated" -eq 1 ] || { as_root apt-get update -q >/dev/null; apt_updated=1; }
+  log "installing prometheus (its system service is disabled: the tests start their own servers)"
+  as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends prometheus >/dev/null
+  if [ -d /run/systemd/system ]; then
+    for unit in prometheus prometheus-node-exporter; do
+      as_root systemctl disable --now "$unit" 2>/dev/null || true
+    done
+  elif [ -e /run/prometheus/prometheus.pid ]; then
+    as_root update-rc.d prometheus disable >/dev/null 2>&1 || true
+    as_root /etc/init.d/prometheus stop >/dev/null 2>&1 || true
+  fi
 fi
 
 if [ ! -x .venv/bin/python ]; then

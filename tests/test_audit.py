@@ -183,3 +183,5 @@ def test_a_store_refusing_an_entry_never_fails_the_call_and_the_loss_is_loud_and
     check = runtime.state.audit.verify()
     assert check.ok
     assert check.lost_entries == lost
+    # what an alert reads: never reset by the gap entry
+    assert runtime.metrics.registry.get_sample_value("sandbox_runtime_audit_entries_lost_total") == lost

@@ -186,6 +186,13 @@ def test_an_upstream_that_dies_gives_a_clear_error_and_is_restarted(
     assert next(s for s in gateway.status() if s.name == "sqlite").starts == 2
     assert conversation.call("time__get_current_time", {"timezone": "UTC"}).is_error is False  # the other one
 
+    registry = conversation.runtime.metrics.registry  # what the on-call engineer sees of it
+    assert registry.get_sample_value("sandbox_runtime_upstream_call_errors_total", {"upstream": "sqlite"}) == 1
+    assert registry.get_sample_value("sandbox_runtime_upstream_up", {"upstream": "sqlite"}) == 1
+    assert registry.get_sample_value("sandbox_runtime_upstream_up", {"upstream": "time"}) == 1
+    ok = {"tool": "sqlite__list_tables", "status": "ok"}
+    assert registry.get_sample_value("sandbox_runtime_calls_total", ok) == 2
+
 
 @pypi_upstreams
 def test_an_upstream_that_hangs_times_out_and_is_replaced(conversation: Conversation, sqlite_db: Path) -> None:
@@ -439,6 +446,8 @@ def test_an_http_upstream_whose_token_variable_is_unset_or_empty_is_down_and_is_
                 assert "not set or empty" in status.error
                 with pytest.raises(UpstreamError, match="SRT_TEST_CRM_TOKEN"):
                     gateway.call("crm", "anything", {})  # a call says why, and still sends nothing
+                (up,) = gateway.gauges()  # what a scrape reads: down
+                assert [(sample.labels, sample.value) for sample in up.samples] == [({"upstream": "crm"}, 0.0)]
         with pytest.raises(BlockingIOError):
             listener.accept()  # nobody ever connected: no request went out with an empty token
 

@@ -29,9 +29,10 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Literal
@@ -54,6 +55,7 @@ from sandbox_runtime.state.database import StateDB
 from sandbox_runtime.state.location import open_engine
 from sandbox_runtime.state.location import state_url as state_url_of
 from sandbox_runtime.store.folders import ConversationStore
+from sandbox_runtime.telemetry.metrics import Metric, RuntimeMetrics, counter, gauge, package_version
 from sandbox_runtime.tenancy import DEFAULT_TENANT, key_id, tenant_tag, validate_conversation_key
 from sandbox_runtime.tools.base import ToolContext, ToolSpec
 from sandbox_runtime.tools.builtin import builtin_tools
@@ -95,6 +97,10 @@ class Runtime:
     ``warm_pool``: keep the policy's ``pool.ready_count`` sandboxes started ahead of need, each handed whole to one
     new conversation (:meth:`start_warm_pool`); None: as the policy's ``pool.keep_in`` says (``all``: yes;
     ``serve``, the default: only ``sandbox-runtime serve``).
+
+    ``metrics`` is the runtime's Prometheus collector (:mod:`~sandbox_runtime.telemetry.metrics`): register it in
+    your registry (``prometheus_client.REGISTRY.register(runtime.metrics)``). Its spans go to the tracer provider
+    the host installed (OpenTelemetry's API; none: not recorded).
     """
 
     def __init__(
@@ -115,6 +121,7 @@ class Runtime:
         self.policy = policy if isinstance(policy, Policy) else load_policy(policy)
         self.state_dir = Path(state_dir) if state_dir is not None else default_state_dir()
         self.state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        self.tools: dict[str, ToolSpec] = builtin_tools(self.policy)
         # first: a state database this version cannot open (a newer schema, a server that does not answer) is
         # refused before anything starts
         url = state_url_of(state_url, self.policy.state)
@@ -127,15 +134,21 @@ class Runtime:
                 from sandbox_runtime.sandbox.image import sandbox_image  # noqa: PLC0415  (a host's own backend needs no image code)
 
                 image = sandbox_image(self.policy.sandbox)
+            self.metrics = RuntimeMetrics(tools=self.tools, backend=self.backend.name)
             self.store = ConversationStore(self.state_dir, self.policy)
             self.conversations = ConversationService(
-                self.backend, self.policy, self.store, self.state, image, extra_labels=extra_labels
+                self.backend,
+                self.policy,
+                self.store,
+                self.state,
+                image,
+                extra_labels=extra_labels,
+                metrics=self.metrics,
             )
             self.manager = self.conversations.manager  # the containers
         except BaseException:
             self.state.close()
             raise
-        self.tools: dict[str, ToolSpec] = builtin_tools(self.policy)
         self._builtin_names = frozenset(self.tools)
         self._tools_guard = threading.Lock()
         # every thread of the runtime: the pool of parallel calls, the background jobs, services it owns
@@ -143,7 +156,9 @@ class Runtime:
             self.policy.tools.parallel_calls_max, name=f"sandbox-runtime-{self.manager.lease.id[:8]}"
         )
         self.admission = Admission(
-            self.policy.admission, disk_used=lambda tenant: self.conversations.tenant_bytes(tenant_tag(tenant))
+            self.policy.admission,
+            disk_used=lambda tenant: self.conversations.tenant_bytes(tenant_tag(tenant)),
+            metrics=self.metrics,
         )
         self.dispatcher = Dispatcher(
             self.state,
@@ -154,7 +169,9 @@ class Runtime:
             approver=approver,
             lease_id=self.manager.lease.id,
             admission=self.admission,
+            metrics=self.metrics,
         )
+        self._add_gauges()
         self._closed = False
         if sweep_on_start:
             try:
@@ -174,6 +191,24 @@ class Runtime:
             retention_interval_s = self.policy.spill.retention_interval_s
         if retention_interval_s is not None:
             self.workers.every(retention_interval_s, "retention", self.expire_files)
+
+    def _add_gauges(self) -> None:
+        """What a scrape reads of this runtime's state: its sandboxes and pool, the admission queue and the
+        tenants' disk, the free disk of the state directory, and what it is."""
+        series_max = self.policy.telemetry.metrics_tenant_series_max
+        self.metrics.add_gauges("sandboxes", self.conversations.gauges)
+        self.metrics.add_gauges("admission", lambda: self.admission.gauges(series_max))
+        self.metrics.add_gauges("runtime", self._gauges)
+
+    def _gauges(self) -> Iterator[Metric]:
+        free = shutil.disk_usage(self.state_dir).free
+        yield gauge("state_disk_free_bytes", "Free bytes of the filesystem of the state directory.", free)
+        what = (package_version(), self.backend.name, self.state.engine.kind)
+        yield gauge("info", "What this runtime is (always 1).", [(what, 1)], ["version", "backend", "state_store"])
+        lost = float(self.state.audit.lost_total)
+        yield counter(
+            "audit_entries_lost", "Audit entries the state store refused (AUDIT ENTRY LOST).", [((), lost)], []
+        )
 
     @property
     def pool(self) -> WarmPool | None:
@@ -301,16 +336,17 @@ class Runtime:
                 if self.state.conversation(record.id) is None:
                     continue  # deleted meanwhile: never make its folders again
                 with self.conversations.borrowed(record.id) as folders:  # mounted for the sweep only, when unused
-                    reports.append(
-                        expire_results(
-                            self.state,
-                            record.id,
-                            folders.results,
-                            self.policy.sandbox.results_mount_path,
-                            retention_s=self.policy.spill.retention_s,
-                            now=moment,
-                        )
+                    report = expire_results(
+                        self.state,
+                        record.id,
+                        folders.results,
+                        self.policy.sandbox.results_mount_path,
+                        retention_s=self.policy.spill.retention_s,
+                        now=moment,
                     )
+            self.metrics.retention_removed_files.inc(report.removed_files)
+            self.metrics.retention_removed_bytes.inc(report.removed_bytes)
+            reports.append(report)
         return reports
 
     def close(self) -> None:

@@ -3,11 +3,28 @@
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
 
 from sandbox_runtime.api.runtime import Runtime
+from sandbox_runtime.telemetry.logs import JsonLogFormatter
 
-__all__ = ["EXIT_CODES", "EXIT_ENGINE", "EXIT_FAILED", "EXIT_OK", "EXIT_USAGE", "open_runtime", "progress", "table"]
+__all__ = [
+    "EXIT_CODES",
+    "EXIT_ENGINE",
+    "EXIT_FAILED",
+    "EXIT_OK",
+    "EXIT_USAGE",
+    "add_log_format",
+    "configure_logging",
+    "open_runtime",
+    "progress",
+    "say",
+    "table",
+]
+
+_said = logging.getLogger("sandbox_runtime.cli")
+_json_logs = {"on": False}
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_ENGINE = 0, 1, 2, 3
 EXIT_CODES = (
@@ -22,6 +39,41 @@ def table(rows: list[list[str]], header: list[str]) -> str:
     out = [line, "  ".join("-" * w for w in widths)]
     out += ["  ".join(str(c).ljust(w) for c, w in zip(r, widths, strict=True)) for r in rows]
     return "\n".join(out)
+
+
+def add_log_format(parser: argparse.ArgumentParser, *, default: str | None) -> None:
+    """``--log-format``: on the command line before the command, or after it (``serve --log-format json``)."""
+    parser.add_argument(
+        "--log-format",
+        choices=("text", "json"),
+        default=argparse.SUPPRESS if default is None else default,
+        help="json: one JSON object per line on stderr (time, level, logger, message, and a call's conversation, "
+        "call id, tool and trace id), from info up; default text",
+    )
+
+
+def configure_logging(log_format: str, verbose: bool) -> None:
+    """Logs to stderr: ``text`` (shown from warnings up; with ``verbose`` from info up) or ``json`` (one object per
+    line: :mod:`~sandbox_runtime.telemetry.logs`; the runtime's own from info up, other libraries' from warnings
+    up), and what :func:`say` says in the same form."""
+    if log_format == "json":
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(JsonLogFormatter())
+        root = logging.getLogger()
+        root.handlers[:] = [handler]
+        root.setLevel(logging.WARNING)  # other libraries' warnings; the runtime's own lines from info up
+        logging.getLogger("sandbox_runtime").setLevel(logging.INFO)
+        _json_logs["on"] = True
+    elif verbose:
+        logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+
+
+def say(line: str) -> None:
+    """A line for whoever started the command, on stderr (a log record of its own when logs are JSON)."""
+    if _json_logs["on"]:
+        _said.info(line)
+    else:
+        print(line, file=sys.stderr, flush=True)
 
 
 def progress(line: str) -> None:

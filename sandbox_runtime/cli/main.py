@@ -10,7 +10,6 @@ import argparse
 import functools
 import importlib.metadata
 import json
-import logging
 import sys
 import time
 from collections.abc import Sequence
@@ -24,6 +23,8 @@ from sandbox_runtime.cli.common import (
     EXIT_FAILED,
     EXIT_OK,
     EXIT_USAGE,
+    add_log_format,
+    configure_logging,
     open_runtime,
     progress,
     table,
@@ -252,6 +253,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--policy", default="default", help="a shipped policy (default, strict, gvisor, podman) or a TOML file path"
     )
     parser.add_argument("-v", "--verbose", action="store_true", help="log what happens (to stderr)")
+    add_log_format(parser, default="text")
     parser.add_argument(
         "--label",
         metavar="KEY=VALUE",
@@ -320,8 +322,7 @@ def cmd_release_when_client_exits(args: argparse.Namespace) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    if args.verbose:
-        logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    configure_logging(args.log_format, args.verbose)
     try:
         return int(args.func(args))
     except (PolicyError, ValueError) as exc:

@@ -27,11 +27,16 @@ import urllib.parse
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from sandbox_runtime.cli.common import add_log_format, say
+from sandbox_runtime.errors import PolicyError
 from sandbox_runtime.mcp.stdio_client import ClientProcess, start_watcher
 from sandbox_runtime.policy import Policy, load_policy
+from sandbox_runtime.telemetry.export import export_traces_from_environment
 
 if TYPE_CHECKING:
     from sandbox_runtime.api.runtime import Runtime
+    from sandbox_runtime.mcp.gateway import UpstreamStatus
+    from sandbox_runtime.mcp.metrics_http import MetricsServer
 
 __all__ = ["MCP_EXTRA_HINT", "add_serve_parser", "check_database", "cmd_serve", "key_value", "serve_policy"]
 
@@ -96,14 +101,17 @@ def _http_address(host: str, port: int) -> str:
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
-def _say_what_is_served(runtime: Runtime) -> None:
-    print(f"{len(runtime.tools)} tools: {', '.join(runtime.tools)}", file=sys.stderr, flush=True)
+def _say_what_is_served(runtime: Runtime, upstreams: list[UpstreamStatus]) -> None:
+    for status in upstreams:
+        state = f"{len(status.tools)} tools" if status.running else f"DOWN ({status.error})"
+        say(f"upstream {status.name}: {state}")
+    say(f"{len(runtime.tools)} tools: {', '.join(runtime.tools)}")
     if runtime.state.engine.kind != "sqlite":  # a shared store: say which (without its password)
-        print(f"state on {runtime.state.engine.shown}", file=sys.stderr, flush=True)
+        say(f"state on {runtime.state.engine.shown}")
     auth = runtime.policy.mcp.auth
     if auth.enabled:
         keys = auth.jwks_url or auth.jwks_file
-        print(f"OAuth: tokens of {auth.issuer} (keys {keys}), tenant claim {auth.tenant_claim!r}", file=sys.stderr)
+        say(f"OAuth: tokens of {auth.issuer} (keys {keys}), tenant claim {auth.tenant_claim!r}")
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
@@ -132,6 +140,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         source = "--database" if args.database is not None else f"sql.database_path of the policy {args.policy}"
         check_database(policy.sql.database_path, source)
     with _SignalsNoted() as early, contextlib.ExitStack() as stack:
+        metrics_server = _telemetry(stack, args.metrics, token)
         listener: socket.socket | None = None
         if args.http is not None:
             host, port = policy.mcp.http_host, policy.mcp.http_port
@@ -153,14 +162,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
         if stdio and runtime.conversations.is_new(conversation):
             runtime.start_warm_pool(1)
         gateway = stack.enter_context(Gateway(policy.mcp))
-        for status in gateway.status():
-            state = f"{len(status.tools)} tools" if status.running else f"DOWN ({status.error})"
-            print(f"upstream {status.name}: {state}", file=sys.stderr, flush=True)
         gateway.register(runtime)
         service = McpService(runtime, transport="stdio" if stdio else "http", conversation=conversation)
-        _say_what_is_served(runtime)
+        _say_what_is_served(runtime, gateway.status())
+        _serve_metrics(metrics_server, runtime)
         if early.received:
-            print("stopped before serving: a stop signal came during start-up", file=sys.stderr, flush=True)
+            say("stopped before serving: a stop signal came during start-up")
         elif listener is None:
             serve_stdio(service)
             early.again()
@@ -174,11 +181,48 @@ def cmd_serve(args: argparse.Namespace) -> int:
                 host=policy.mcp.http_host,
                 port=policy.mcp.http_port,
                 token=token,
-                on_ready=lambda url: print(f"serving MCP at {url}", file=sys.stderr, flush=True),
+                on_ready=lambda url: say(f"serving MCP at {url}"),
                 listener=listener,
             )
             early.again()
     return 0
+
+
+def _telemetry(stack: contextlib.ExitStack, metrics_address: str | None, token: str | None) -> MetricsServer | None:
+    """Traces exported as the ``OTEL_*`` variables ask, and ``--metrics`` bound, before anything else starts (a bad
+    setting, or a port in use, is refused first); both ended last."""
+    exported = export_traces_from_environment()
+    if exported is not None:
+        stack.callback(exported.shutdown)  # the spans of the whole shutdown are sent too
+        say(f"traces: OTLP/HTTP to {exported.endpoint}")
+    if metrics_address is None:
+        return None
+    server = _metrics_server(metrics_address, token)
+    stack.callback(server.close)
+    return server
+
+
+def _serve_metrics(server: MetricsServer | None, runtime: Runtime) -> None:
+    if server is not None:
+        server.start(runtime.metrics)
+        say(f"serving metrics at http://{_http_address(*server.address)}/metrics")
+
+
+def _metrics_server(address: str, token: str | None) -> MetricsServer:
+    """``--metrics [HOST:]PORT`` bound (a port in use, or off loopback without a token: refused at once)."""
+    from sandbox_runtime.mcp.metrics_http import METRICS_TOKEN_VARIABLE, MetricsServer  # noqa: PLC0415  (the MCP extra)
+    from sandbox_runtime.mcp.transports import check_metrics_exposure  # noqa: PLC0415  (the MCP extra)
+
+    host, _sep, port = address.rpartition(":")
+    host = host.strip("[]") or "127.0.0.1"
+    token = os.environ.get(METRICS_TOKEN_VARIABLE) or token
+    check_metrics_exposure(host, token)
+    try:
+        return MetricsServer(host, int(port), token)
+    except ValueError:
+        raise PolicyError(f"--metrics takes [HOST:]PORT; got {address!r}") from None
+    except OSError as exc:
+        raise PolicyError(f"cannot serve metrics at {_http_address(host, int(port))}: {exc.strerror or exc}") from None
 
 
 class _SignalsNoted:
@@ -242,6 +286,12 @@ def add_serve_parser(sub: Any) -> None:
         help="serve streamable HTTP at http://HOST:PORT/mcp (default 127.0.0.1:8765; another host needs "
         "$SANDBOX_RUNTIME_MCP_TOKEN)",
     )
+    serve.add_argument(
+        "--metrics",
+        metavar="[HOST:]PORT",
+        help="serve Prometheus metrics at http://HOST:PORT/metrics (default host 127.0.0.1; another host needs "
+        "$SANDBOX_RUNTIME_METRICS_TOKEN); with --http they are also at /metrics on its port unless OAuth is on",
+    )
     serve.add_argument("--database", metavar="PATH", help="a SQLite file for sql_query (opened read-only)")
     serve.add_argument(
         "--conversation",
@@ -265,4 +315,5 @@ def add_serve_parser(sub: Any) -> None:
         default=[],
         help="an upstream MCP server over streamable HTTP",
     )
+    add_log_format(serve, default=None)
     serve.set_defaults(func=cmd_serve)

@@ -17,6 +17,7 @@ from sandbox_runtime.sandbox.runs import RunResult
 from sandbox_runtime.store.folders import ConversationFolders
 from sandbox_runtime.store.quota import QuotaUsage
 from sandbox_runtime.store.safe_paths import ResultsRoot
+from sandbox_runtime.telemetry.sandbox_spans import RunSpans
 
 if TYPE_CHECKING:
     from sandbox_runtime.conversations.service import ConversationService
@@ -51,6 +52,12 @@ class SandboxHandle:
     def usage(self) -> QuotaUsage:
         """Bytes used in the results folder against its quota."""
         return self._service.store.usage(self.folders)
+
+    def run_spans(self) -> RunSpans:
+        """The spans a run's code opens inside the sandbox, under the span current now (the run's)."""
+        metrics = self._service.metrics
+        dropped = (lambda: None) if metrics is None else metrics.sandbox_spans_dropped.inc
+        return RunSpans(self.policy.telemetry, on_drop=dropped)
 
     def begin_run(self, sandbox: Sandbox) -> int:
         """The run's number, with the sandbox's use recorded in the same write."""

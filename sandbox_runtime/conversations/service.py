@@ -38,6 +38,8 @@ from sandbox_runtime.sandbox.records import Removal, ResultsFolder, Sandbox
 from sandbox_runtime.state.database import StateDB
 from sandbox_runtime.store.folders import ConversationFolders, ConversationStore
 from sandbox_runtime.store.quota import QuotaUsage
+from sandbox_runtime.telemetry.metrics import Metric, RuntimeMetrics, counter, gauge
+from sandbox_runtime.telemetry.tracing import span
 from sandbox_runtime.tenancy import key_tag
 
 __all__ = ["ConversationService"]
@@ -61,10 +63,12 @@ class ConversationService:
         image: str,
         *,
         extra_labels: dict[str, str] | None = None,
+        metrics: RuntimeMetrics | None = None,
     ) -> None:
         self.policy = policy
         self.store = store
         self.state = state
+        self.metrics = metrics
         self.manager = SandboxManager(
             backend,
             policy,
@@ -75,6 +79,7 @@ class ConversationService:
             host_locks=HostLocks(state.engine.lock),
             canary_folder=self._canary_folder,
             extra_labels=extra_labels,
+            metrics=metrics,
         )
         self.volumes = QuotaVolumes(manager=self.manager, store=store, state=state)
         self.slots = PoolSlots(store, self.manager.lease.id)
@@ -135,6 +140,31 @@ class ConversationService:
         live = self.state.live_sandbox_count(key_tag(conversation_id))
         return live < self.policy.admission.tenant_sandboxes_max
 
+    def gauges(self) -> Iterator[Metric]:
+        """This runtime's sandboxes and warm pool, for a scrape."""
+        backend, runtime = self.manager.backend.name, self.policy.sandbox.runtime
+        yield gauge(
+            "sandboxes",
+            "Sandboxes this runtime holds for conversations (the warm pool's apart).",
+            [((backend, runtime), self.manager.held_count())],
+            ["backend", "runtime"],
+        )
+        pool = self.pool
+        ready, starting = (pool.ready(), pool.starting()) if pool is not None else (0, 0)
+        yield gauge(
+            "pool_sandboxes",
+            "Warm sandboxes ready for new conversations, and being started.",
+            [(("ready",), ready), (("starting",), starting)],
+            ["state"],
+        )
+        yield gauge("pool_target_sandboxes", "Warm sandboxes the pool keeps ready.", 0 if pool is None else pool.size)
+        yield counter(
+            "executor_restarts",
+            "Resident executors a run ended or got around (the next run started a fresh one).",
+            [((backend,), self.manager.backend.executor_restarts())],
+            ["backend"],
+        )
+
     def tenant_bytes(self, tag: str) -> int:
         """Bytes the results folders of a tenant's conversations hold (by its tag; see
         :meth:`~sandbox_runtime.store.folders.ConversationStore.held_bytes`)."""
@@ -151,7 +181,11 @@ class ConversationService:
         assert self.pool is not None  # noqa: S101  (the caller checked)
         if not self.is_new(conversation_id):
             return None
-        pooled = self.pool.take()
+        with span("pool.take") as taking:
+            pooled = self.pool.take()
+            taking.set_attribute("sandbox_runtime.pool.hit", pooled is not None)
+        if self.metrics is not None:
+            self.metrics.pool_takes.labels("miss" if pooled is None else "hit").inc()
         if pooled is None:
             return None
         try:

@@ -25,7 +25,7 @@ import contextlib
 import logging
 import math
 import os
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from contextlib import AbstractContextManager, AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -39,12 +39,15 @@ from anyio.from_thread import BlockingPortal
 from mcp import ClientSession, StdioServerParameters, stdio_client
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
+from opentelemetry import context as otel_context
 
 from sandbox_runtime.api.runtime import Runtime
 from sandbox_runtime.control import CallControl
 from sandbox_runtime.errors import UpstreamError
 from sandbox_runtime.mcp.upstream_results import own_output_schema, save_blocks
 from sandbox_runtime.policy import McpPolicy, UpstreamServer
+from sandbox_runtime.telemetry.metrics import Metric, RuntimeMetrics, gauge
+from sandbox_runtime.telemetry.tracing import ATTR_TOOL, span
 from sandbox_runtime.tools.host import HostCall
 
 __all__ = ["Gateway", "UpstreamStatus"]
@@ -149,7 +152,16 @@ class _Upstream:
         with anyio.move_on_after(self.start_timeout_s):
             await self._tried.wait()
 
-    async def call(self, tool: str, arguments: dict[str, Any], control: CallControl | None) -> dict[str, Any]:
+    async def call(
+        self, tool: str, arguments: dict[str, Any], control: CallControl | None, caller: otel_context.Context
+    ) -> dict[str, Any]:
+        token = otel_context.attach(caller)
+        try:
+            return await self._call(tool, arguments, control)
+        finally:
+            otel_context.detach(token)
+
+    async def _call(self, tool: str, arguments: dict[str, Any], control: CallControl | None) -> dict[str, Any]:
         if self.session is None and self._wake is not None and self._settled is not None:
             self._wake.set()  # a start now, not after the back-off
             with anyio.move_on_after(self.start_timeout_s):
@@ -238,6 +250,7 @@ class Gateway:
         }
         self._portal_cm: AbstractContextManager[BlockingPortal] | None = None
         self._portal: BlockingPortal | None = None
+        self._metrics: RuntimeMetrics | None = None
 
     def start(self) -> list[UpstreamStatus]:
         """Start every upstream and wait (at most ``upstream_start_timeout_s``) for each to list its tools."""
@@ -262,12 +275,30 @@ class Gateway:
         ``control`` was cancelled). Its progress reports reach ``control``."""
         if self._portal is None:
             raise UpstreamError("the gateway is not started")
-        return self._portal.call(self._upstreams[upstream].call, tool, arguments, control)
+        with span("upstream.call", {"sandbox_runtime.upstream": upstream, ATTR_TOOL: tool}):
+            caller = otel_context.get_current()  # the event loop's task runs in it: the SDK's span is a child
+            try:
+                return self._portal.call(self._upstreams[upstream].call, tool, arguments, control, caller)
+            except UpstreamError:
+                if self._metrics is not None:
+                    self._metrics.upstream_call_errors.labels(upstream).inc()
+                raise
+
+    def gauges(self) -> Iterator[Metric]:
+        """Whether each upstream is connected, for a scrape."""
+        yield gauge(
+            "upstream_up",
+            "Whether an upstream MCP server is connected (1) or down (0).",
+            [((u.name,), float(u.session is not None)) for u in self._upstreams.values()],
+            ["upstream"],
+        )
 
     def register(self, runtime: Runtime) -> list[str]:
         """Register every listed upstream tool in ``runtime`` as ``<upstream>__<tool>``; return the names. The
         runtime then owns the gateway: closing it closes the gateway (its upstreams and its event loop) too."""
         runtime.workers.own(self)
+        self._metrics = runtime.metrics
+        runtime.metrics.add_gauges("upstreams", self.gauges)
         names = []
         for upstream in self._upstreams.values():
             for tool in upstream.tools:

@@ -33,6 +33,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from sandbox_runtime.errors import PolicyError
 from sandbox_runtime.mcp.auth import AuthRefusalAudit, JwtVerifier
+from sandbox_runtime.mcp.metrics_http import METRICS_TOKEN_VARIABLE, MetricsEndpoint, exposition_registry
 from sandbox_runtime.mcp.server import McpService
 from sandbox_runtime.mcp.shutdown import RefuseWhileStopping, serve_until_signalled
 from sandbox_runtime.policy import McpPolicy
@@ -191,6 +192,14 @@ def check_exposure(host: str, token: str | None, mcp: McpPolicy) -> None:
         )
 
 
+def check_metrics_exposure(host: str, token: str | None) -> None:
+    """Refuse to serve ``/metrics`` on a port of its own off loopback without a bearer token (:class:`PolicyError`)."""
+    if token is None and not is_loopback(host):
+        raise PolicyError(
+            f"serving metrics on {host} (not a loopback address) needs a bearer token: set ${METRICS_TOKEN_VARIABLE}"
+        )
+
+
 def rebinding_protection(host: str, port: int, *, bound_address: str | None = None) -> TransportSecuritySettings:
     """The Host/Origin checks for a server at ``host:port``: on for every loopback address, where only that
     address (also as ``bound_address``, the address the socket got) and ``localhost`` are accepted, with the port.
@@ -239,11 +248,16 @@ def http_app(service: McpService, host: str, token: str | None, *, port: int, bo
             auth=settings,
             token_verifier=JwtVerifier(mcp.auth, audience),
         )
-        return AuthRefusalAudit(guarded, service.runtime.state.audit)
+        return _with_metrics(AuthRefusalAudit(guarded, service.runtime.state.audit), service, None, served=False)
     app: ASGIApp = service.server.streamable_http_app(
         streamable_http_path=MCP_HTTP_PATH, host=host, transport_security=security
     )
-    return app if token is None else BearerTokenAuth(app, token)
+    return _with_metrics(app if token is None else BearerTokenAuth(app, token), service, token, served=True)
+
+
+def _with_metrics(app: ASGIApp, service: McpService, token: str | None, *, served: bool) -> MetricsEndpoint:
+    metrics = service.runtime.metrics
+    return MetricsEndpoint(app, metrics, exposition_registry(metrics), token=token, served=served)
 
 
 def listen(host: str, port: int) -> socket.socket:
@@ -288,8 +302,12 @@ def serve_http(
             on_ready(f"http://{shown}:{bound_port}{MCP_HTTP_PATH}")
         mcp = service.runtime.policy.mcp
         app = RefuseWhileStopping(app, service.calls, mcp.shutdown_retry_after_s)
-        config = uvicorn.Config(
-            app, log_level="warning", lifespan="on", timeout_graceful_shutdown=int(_LAST_ANSWERS_S) + 1
+        config = uvicorn.Config(  # its records go to the root logger: in the format the command chose (JSON, say)
+            app,
+            log_config=None,
+            log_level="warning",
+            lifespan="on",
+            timeout_graceful_shutdown=int(_LAST_ANSWERS_S) + 1,
         )
         server = _Server(config)
 

@@ -35,6 +35,8 @@ from pydantic import BaseModel, ConfigDict
 
 from sandbox_runtime.control import CallControl
 from sandbox_runtime.errors import AdmissionRefused, SandboxRuntimeError
+from sandbox_runtime.telemetry.metrics import Metric, RuntimeMetrics, gauge, top_series
+from sandbox_runtime.telemetry.tracing import span
 from sandbox_runtime.tenant_policy import AdmissionPolicy
 
 __all__ = ["DISK_LOOK_S", "Admission", "Admitted", "TenantQuota"]
@@ -87,9 +89,11 @@ class Admission:
         policy: AdmissionPolicy,
         disk_used: Callable[[str], int] | None = None,
         clock: Callable[[], float] = time.monotonic,
+        metrics: RuntimeMetrics | None = None,
     ) -> None:
         self.policy = policy
         self._disk_used = disk_used
+        self._metrics = metrics
         self._clock = clock
         self._lock = threading.Lock()
         self._running: dict[str, int] = {}
@@ -103,8 +107,16 @@ class Admission:
     @contextlib.contextmanager
     def slot(self, tenant: str, control: CallControl | None = None) -> Iterator[Admitted]:
         """Hold one run slot of ``tenant`` for the block (waiting for it first; see the module text)."""
-        self._check_disk(tenant)
-        admitted = self._wait_for_turn(tenant, control)
+        try:
+            self._check_disk(tenant)
+            with span("admission.wait"):
+                admitted = self._wait_for_turn(tenant, control)
+        except AdmissionRefused:
+            if self._metrics is not None:
+                self._metrics.admission_refused.inc()
+            raise
+        if self._metrics is not None:
+            self._metrics.admission_wait_seconds.observe(admitted.waited_s)
         if admitted.cancelled:
             yield admitted
             return
@@ -137,6 +149,29 @@ class Admission:
             disk_bytes=None if disk is None else disk[1],
             disk_max_bytes=self.policy.tenant_disk_max_bytes,
             waited_s=round(waited_s, 3),
+        )
+
+    def gauges(self, tenant_series_max: int) -> Iterator[Metric]:
+        """The queue and the tenants' disk, for a scrape (the ``tenant_series_max`` tenants holding the most)."""
+        with self._lock:
+            waiting = sum(len(queue) for queue in self._queues.values())
+            running = self._running_all
+            disk = {tenant: float(used) for tenant, (_, used) in self._disk.items()}
+        yield gauge("admission_waiting_calls", "Calls waiting for a run slot.", waiting)
+        yield gauge("admission_running_calls", "Calls holding a run slot.", running)
+        named = top_series(disk, tenant_series_max)
+        yield gauge(
+            "tenant_results_bytes",
+            "Bytes a tenant's results folders hold, as last measured (every 30 s, the tenants that made calls).",
+            (((tenant,), used) for tenant, used in named.items()),
+            ["tenant"],
+        )
+        limit = float(self.policy.tenant_disk_max_bytes)
+        yield gauge(
+            "tenant_results_quota_bytes",
+            "The bytes a tenant's results folders may hold (admission.tenant_disk_max_bytes).",
+            (((tenant,), limit) for tenant in named if tenant in disk),
+            ["tenant"],
         )
 
     # ------------------------------------------------------------------------------------------ the queue

@@ -26,6 +26,7 @@ from typing import Any, NamedTuple
 from pydantic import BaseModel, ConfigDict
 
 from sandbox_runtime.policy import ApprovalPolicy, Rule
+from sandbox_runtime.telemetry.tracing import failed, span
 
 __all__ = ["ApprovalRequest", "Approver", "Judgement", "judge", "judgement", "make_request", "rule_for"]
 
@@ -122,11 +123,14 @@ def judgement(policy: ApprovalPolicy, approver: Approver | None, request: Approv
         refusal = None if rule == "allow" else f"the policy denies calls of {ruled_by}"
         return Judgement(refusal, rule, ruled_by, False)
     assert approver is not None  # noqa: S101  (checked above)
-    try:
-        answer = approver(request)
-    except Exception as exc:
-        logger.exception("the approver failed on %s (%s)", request.tool, request.call_id)
-        return Judgement(f"the approver failed: {type(exc).__name__}: {exc}", rule, ruled_by, True)
+    with span("approval", {"sandbox_runtime.approval.rule": ruled_by}) as asking:
+        try:
+            answer = approver(request)
+        except Exception as exc:
+            logger.exception("the approver failed on %s (%s)", request.tool, request.call_id)
+            failed(asking, type(exc).__qualname__)
+            return Judgement(f"the approver failed: {type(exc).__name__}: {exc}", rule, ruled_by, True)
+        asking.set_attribute("sandbox_runtime.approval.answer", "allow" if answer is True else "deny")
     if answer is True:
         return Judgement(None, rule, ruled_by, True)
     declined = answer if isinstance(answer, str) and answer else "the approver declined the call"

@@ -61,6 +61,7 @@ from sandbox_runtime.pipeline.approval import ApprovalRequest, Approver, Judgeme
 from sandbox_runtime.policy import Policy
 from sandbox_runtime.spill.spiller import is_mcp_error, result_text
 from sandbox_runtime.state.audit import AuditLog
+from sandbox_runtime.telemetry.metrics import RuntimeMetrics
 from sandbox_runtime.tools.base import ToolContext, ToolReturn, ToolSpec, validate_arguments
 from sandbox_runtime.tools.delegate import DelegateCallArgs, expand_delegate_call
 
@@ -177,11 +178,13 @@ class CallRunner:
         approver: Approver | None = None,
         clock: Callable[[], float] = time.time,
         audit: AuditLog | None = None,
+        metrics: RuntimeMetrics | None = None,
     ) -> None:
         self.policy = policy
         self.tools = tools
         self.approver = approver
         self.audit = audit
+        self.metrics = metrics
         self._clock = clock
 
     def host_result(self, call: Call, result: object, is_error: bool) -> None:
@@ -232,6 +235,9 @@ class CallRunner:
             )
             judged = judgement(self.policy.approval, approver or self.approver, request)
             self._audit_judgement(request, judged, sent)
+            if self.metrics is not None and (judged.asked or judged.refusal is not None):
+                decision = "refused" if not judged.asked else "allowed" if judged.refusal is None else "denied"
+                self.metrics.approvals.labels(decision).inc()
             refusal = judged.refusal
             if refusal is not None:
                 denied = f"Denied: {refusal}. The call of {target} was not made; do not retry it unchanged."

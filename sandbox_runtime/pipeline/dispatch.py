@@ -45,6 +45,7 @@ from sandbox_runtime.pipeline.call import (
     stored_result,
 )
 from sandbox_runtime.pipeline.claims import CallClaimer, check_call_id
+from sandbox_runtime.pipeline.observed import observe_call, observed_call
 from sandbox_runtime.pipeline.script_tools import PipelineScriptTools
 from sandbox_runtime.policy import Policy
 from sandbox_runtime.spill.budget import BudgetCandidate, BudgetDecision, plan_turn_budget
@@ -52,6 +53,7 @@ from sandbox_runtime.spill.failures import spill_error
 from sandbox_runtime.spill.spiller import result_text, spill_result
 from sandbox_runtime.spill.streamed import TableStream
 from sandbox_runtime.state.database import StateDB
+from sandbox_runtime.telemetry.metrics import RuntimeMetrics
 from sandbox_runtime.tools.base import ToolContext, ToolReturn, ToolSpec
 from sandbox_runtime.workers import Workers
 
@@ -75,6 +77,7 @@ class Dispatcher:
         *,
         lease_id: str,
         admission: Admission | None = None,
+        metrics: RuntimeMetrics | None = None,
     ) -> None:
         self.state = state
         self.claimer = CallClaimer(state, lease_id, policy.state.call_wait_s)
@@ -83,8 +86,9 @@ class Dispatcher:
         self._context = context
         self._workers = workers
         self._clock = clock
-        self.runner = CallRunner(policy, tools, approver, clock, audit=state.audit)
-        self.admission = admission or Admission(policy.admission)
+        self.metrics = metrics
+        self.runner = CallRunner(policy, tools, approver, clock, audit=state.audit, metrics=metrics)
+        self.admission = admission or Admission(policy.admission, metrics=metrics)
 
     def context(self, conversation_id: str) -> ToolContext:
         """What the conversation's calls run with (its folders made and held)."""
@@ -237,16 +241,22 @@ class Dispatcher:
                 return Call(item, ctx, stored=stored[call_id])
             scripts = PipelineScriptTools(self, ctx, call_id, approver, control)
             call = Call(item, dataclasses.replace(ctx, call_id=call_id, control=control, scripts=scripts))
+            tenant = self.state.tenants.of_key(ctx.conversation_id)
             try:
-                if isinstance(item, HostResult):
-                    self.runner.host_result(call, item.result, item.is_error)
-                elif made_by is not None:  # a script's call runs in its run's slot
-                    self.runner.run(call, item.arguments, approver=approver, made_by=made_by)
-                else:
-                    self._admitted(call, item.arguments, approver, control)
-                self._spill_or_fault(call)
+                with observed_call(call, tenant, self.metrics):
+                    if isinstance(item, HostResult):
+                        self.runner.host_result(call, item.result, item.is_error)
+                    elif made_by is not None:  # a script's call runs in its run's slot
+                        self.runner.run(call, item.arguments, approver=approver, made_by=made_by)
+                    else:
+                        self._admitted(call, tenant, item.arguments, approver, control)
+                    self._spill_or_fault(call)
             except BaseException as exc:  # raised once the others of the turn are decided
+                if self.metrics is not None:
+                    observe_call(call, self.metrics, raised=True)
                 return exc
+            if self.metrics is not None:
+                observe_call(call, self.metrics)
             return call
 
         if sum(isinstance(item, ToolCall) and item.call_id not in stored for item in items) <= 1:
@@ -260,11 +270,15 @@ class Dispatcher:
         return prepared, failures
 
     def _admitted(
-        self, call: Call, arguments: dict[str, Any], approver: Approver | None, control: CallControl | None
+        self,
+        call: Call,
+        tenant: str,
+        arguments: dict[str, Any],
+        approver: Approver | None,
+        control: CallControl | None,
     ) -> None:
         """Run a call in a run slot of its conversation's tenant (:mod:`~sandbox_runtime.pipeline.admission`);
         one cancelled while it waited is recorded cancelled, never run."""
-        tenant = self.state.tenants.of_key(call.ctx.conversation_id)
         with self.admission.slot(tenant, control) as admitted:
             call.queued_s = admitted.waited_s
             if admitted.cancelled:
@@ -367,6 +381,8 @@ class Dispatcher:
         decision = plan_turn_budget(
             candidates, budget_chars=self.policy.spill.turn_budget_chars, floor_chars=self.policy.spill.turn_floor_chars
         )
+        if self.metrics is not None and decision.replace:
+            self.metrics.budget_replacements.inc(len(decision.replace))
         for i in decision.replace:
             call = fresh[ids[i]]
             call.replaced = True

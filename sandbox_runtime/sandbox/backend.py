@@ -303,6 +303,11 @@ class SandboxBackend(abc.ABC):
         del idle_s
         return 0
 
+    def executor_restarts(self) -> int:
+        """How many resident executors a run ended or got around since the backend was made (each run after
+        such a one starts a fresh executor); 0 for a backend without resident executors."""
+        return 0
+
     def let_go_of_folders(self) -> None:
         """At the runtime's close, before it unmounts the results folders it mounted: a backend whose sandboxes
         hold the host's own view of their folders (no mount of their own) lets go of it, so the unmount is not

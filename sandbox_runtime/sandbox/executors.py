@@ -76,6 +76,7 @@ class ResidentExecutors:
         # per container: the office libraries its runs have used, which its next executor loads at once
         self._libraries: dict[str, tuple[str, ...]] = {}
         self._guard = threading.Lock()
+        self.restarts = 0  # executors a run ended or got around: the container's next run starts a fresh one
 
     def run(
         self, container_id: str, request: RunRequest, control: CallControl | None, calls: ScriptCalls | None = None
@@ -98,9 +99,9 @@ class ResidentExecutors:
                 with self._guard:
                     self._libraries[container_id] = exchange.done.libraries
                 if not exchange.done.keep:
-                    self.forget(container_id)
+                    self._lose(container_id)
                 return _finished(exchange, watch, started)
-            self.forget(container_id)
+            self._lose(container_id)
             if exchange.stop == "eof" and not exchange.started and attempt == 1:
                 logger.info("the executor of %s had ended; starting a fresh one", container_id[:12])
                 continue
@@ -169,6 +170,12 @@ class ResidentExecutors:
         )
         result = _exec_result(exchange, watch, started, exit_code)
         return RunnerOutput(result.model_copy(update={"container_died": died}), None)
+
+    def _lose(self, container_id: str) -> None:
+        """The container's executor cannot serve another run: ended, and counted."""
+        with self._guard:
+            self.restarts += 1
+        self.forget(container_id)
 
     def forget(self, container_id: str) -> None:
         """End the container's executor, if it has one (its sandbox is restarted or removed, or it is done)."""

@@ -45,6 +45,8 @@ from sandbox_runtime.sandbox.records import Removal, ResultsFolder, Sandbox, San
 from sandbox_runtime.sandbox.selfcheck import SelfCheckReport
 from sandbox_runtime.state.leases import HoldRecord, LeaseRecord
 from sandbox_runtime.state.location import state_dir_in_use
+from sandbox_runtime.telemetry.metrics import RuntimeMetrics
+from sandbox_runtime.telemetry.tracing import span
 
 __all__ = ["Removal", "Sandbox", "SandboxManager"]
 
@@ -73,8 +75,10 @@ class SandboxManager:
         canary_folder: Callable[[], AbstractContextManager[ResultsFolder]],
         extra_labels: dict[str, str] | None = None,
         clock: Callable[[], float] = time.time,
+        metrics: RuntimeMetrics | None = None,
     ) -> None:
         self.backend = backend
+        self.metrics = metrics
         self.policy = policy
         self.records = records
         self.image = image
@@ -123,6 +127,10 @@ class SandboxManager:
     def _labels(self, conversation_id: str) -> dict[str, str]:
         return {**self.base_labels, LABEL_CONVERSATION: conversation_id}
 
+    def held_count(self) -> int:
+        """How many conversations' sandboxes this process started or adopted."""
+        return len(self._known)
+
     def known(self, conversation_id: str) -> Sandbox | None:
         """The sandbox this process started or adopted for the conversation, if any (not asking the engine)."""
         return self._known.get(conversation_id)
@@ -160,7 +168,19 @@ class SandboxManager:
         self._checks.require()
         now = self.clock()
         labels = {**labels, LABEL_CREATED_AT: str(int(now)), LABEL_POLICY: self.digest, LABEL_LEASE: self.lease.id}
-        info = self.backend.create_and_start(self._spec(folder, labels))
+        purpose = "pool" if hold_for is None else "conversation"
+        with span("sandbox.start", {"sandbox_runtime.sandbox.purpose": purpose}):
+            began = time.monotonic()
+            try:
+                info = self.backend.create_and_start(self._spec(folder, labels))
+            except BaseException:
+                if self.metrics is not None:
+                    self.metrics.sandbox_start_failures.labels(self.metrics.backend).inc()
+                raise
+            if self.metrics is not None:
+                self.metrics.sandbox_start_seconds.labels(self.metrics.backend, purpose).observe(
+                    time.monotonic() - began
+                )
         if hold_for is not None:
             self.records.leases.hold(self.lease.id, hold_for, self.digest, now, container_id=info.id)
         if info.warnings:

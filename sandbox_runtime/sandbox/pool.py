@@ -102,6 +102,11 @@ class WarmPool:
         with self._changed:
             return len(self._ready)
 
+    def starting(self) -> int:
+        """How many sandboxes are being started for the pool now."""
+        with self._changed:
+            return self._starting
+
     def wait_until_ready(self, count: int | None = None, *, timeout_s: float) -> bool:
         """Wait (at most ``timeout_s``) until ``count`` sandboxes (default: the pool's size) wait; whether they do."""
         wanted = self.size if count is None else count

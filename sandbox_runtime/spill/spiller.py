@@ -31,6 +31,7 @@ from sandbox_runtime.spill.streamed import StreamedFile, TableStream, buffer_or_
 from sandbox_runtime.store.safe_paths import PRIVATE_FILE_MODE, ResultsRoot
 from sandbox_runtime.tables.jsonio import dumps_compact, dumps_pretty, loads, paused_gc
 from sandbox_runtime.tables.table import Table, recognise_table, table_file_bytes
+from sandbox_runtime.telemetry.tracing import span
 
 __all__ = [
     "SpillOutcome",
@@ -42,6 +43,8 @@ __all__ = [
 ]
 
 logger = logging.getLogger(__name__)
+_FORMAT = "sandbox_runtime.spill.format"  # the attributes of a spill's span
+_STREAMED = "sandbox_runtime.spill.streamed"
 
 _TOO_DEEP = "[value not shown"
 _PREVIEW_ROWS = 50  # rows of a streamed table kept for its preview
@@ -179,7 +182,7 @@ def spill_result(
     if isinstance(result, TableStream):
         found = buffer_or_stream(result, threshold, _PREVIEW_ROWS)
         if isinstance(found, StreamedFile):
-            with found.body:
+            with found.body, span("spill.write", {_FORMAT: "table", _STREAMED: True}):
                 return _spill_streamed(job, found)
         result = found
     with paused_gc():
@@ -193,7 +196,8 @@ def spill_result(
     stem = file_stem(tool, call_id)
     relative = f"spill/{stem}{_EXTENSION[kind]}"
     try:
-        path, new = publish_once(root, relative, data, durable=durable)
+        with span("spill.write", {_FORMAT: kind, "sandbox_runtime.spill.bytes": len(data)}):
+            path, new = publish_once(root, relative, data, durable=durable)
     except (OSError, PathRejected) as exc:
         warning = f"the result of {tool} could not be saved to {relative}: {exc}"
         logger.warning(warning)

@@ -150,6 +150,7 @@ class AuditLog:
         self._tenants = tenants
         self._guard = threading.Lock()
         self.missed = 0  # entries this process could not write (reported by doctor; a gap entry follows)
+        self.lost_total = 0  # the same, never reset: what the metrics count
 
     def append(
         self,
@@ -206,6 +207,7 @@ class AuditLog:
     def _lost(self, kind: str, conversation: str | None, call_id: str | None, exc: BaseException) -> None:
         with self._guard:
             self.missed += 1
+            self.lost_total += 1
         logger.error("AUDIT ENTRY LOST (%s, conversation %s, call %s): %s", kind, conversation, call_id, exc)
 
     def _write(

@@ -7,6 +7,7 @@ from sandbox_runtime.models import ResultDescriptor
 from sandbox_runtime.policy import Policy
 from sandbox_runtime.store.outputs import AttachmentStore, OutputsLimits
 from sandbox_runtime.tables.source import TableLimits
+from sandbox_runtime.telemetry.tracing import span
 from sandbox_runtime.tools.attach import ATTACH_FILE_DESCRIPTION, AttachFileArgs, attach_file
 from sandbox_runtime.tools.base import ToolContext, ToolReturn, ToolSpec
 from sandbox_runtime.tools.delegate import DELEGATE_CALL_DESCRIPTION, DelegateCallArgs
@@ -60,14 +61,16 @@ def _attach_file(ctx: ToolContext, args: AttachFileArgs) -> ToolReturn:
 
 
 def _export_table(ctx: ToolContext, args: ExportTableArgs) -> ToolReturn:
-    made = export_table(
-        ctx.root,
-        args,
-        max_source_bytes=ctx.policy.store.read_max_bytes,
-        max_table_file_bytes=ctx.policy.store.quota_bytes,  # streamed: no larger than the folder itself
-        sort_memory_rows=ctx.policy.tools.sort_memory_rows_max,
-        limits=TableLimits.from_policy(ctx.policy.tools),
-    )
+    with span("export", {"sandbox_runtime.export.format": args.format}) as exporting:
+        made = export_table(
+            ctx.root,
+            args,
+            max_source_bytes=ctx.policy.store.read_max_bytes,
+            max_table_file_bytes=ctx.policy.store.quota_bytes,  # streamed: no larger than the folder itself
+            sort_memory_rows=ctx.policy.tools.sort_memory_rows_max,
+            limits=TableLimits.from_policy(ctx.policy.tools),
+        )
+        exporting.set_attributes({"sandbox_runtime.export.rows": made.rows, "sandbox_runtime.export.bytes": made.bytes})
     descriptor = ResultDescriptor(
         path=made.path,
         format=made.format,

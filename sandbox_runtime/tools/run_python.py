@@ -47,6 +47,7 @@ from sandbox_runtime.sandbox.records import Sandbox
 from sandbox_runtime.sandbox.runs import ExecResult, RunnerVerdict
 from sandbox_runtime.store.quota import QuotaUsage
 from sandbox_runtime.store.safe_paths import ResultsRoot
+from sandbox_runtime.telemetry.tracing import Span, failed, span
 from sandbox_runtime.tools.base import ScriptTools, ToolContext, ToolReturn, model_arguments
 from sandbox_runtime.tools.run_outcome import run_outcome
 from sandbox_runtime.tools.run_result import (
@@ -220,23 +221,41 @@ def _run_locked(
         usage = handle.usage()
         return not_saved(usage.used_bytes, usage.limit_bytes)
     request = run_request(policy, timeout_s, (PYTHON, script, *args.args))
-    calls = RunScriptCalls(scripts, policy.script_tools, script)
-    run_control = _exec_control(control, timeout_s)
-    sandbox, (result, verdict, end) = handle.run(sandbox, request, run_control, calls, what=f"run {run_number}")
-    outcome = run_outcome(policy, result, verdict, end)
-    removed = outcome.removed
-    _tend(handle, sandbox, result, verdict, run_number, removed=removed)
-    status = outcome.status
-    breach = _quota_breach(handle, result) if status in ("ok", "error") and not removed else None
-    if breach is not None:
-        status = "quota_exceeded"
-    finished = finish(policy, root, script, run_number, result, verdict, status, timeout_s, breach, removed=removed)
+    with span("sandbox.run", {"sandbox_runtime.run.number": run_number}) as running:
+        spans = handle.run_spans()
+        calls = RunScriptCalls(scripts, policy.script_tools, script, spans)
+        run_control = _exec_control(control, timeout_s)
+        try:
+            sandbox, (result, verdict, end) = handle.run(sandbox, request, run_control, calls, what=f"run {run_number}")
+        finally:
+            spans.close()
+        outcome = run_outcome(policy, result, verdict, end)
+        removed = outcome.removed
+        _tend(handle, sandbox, result, verdict, run_number, removed=removed)
+        status = outcome.status
+        breach = _quota_breach(handle, result) if status in ("ok", "error") and not removed else None
+        if breach is not None:
+            status = "quota_exceeded"
+        finished = finish(policy, root, script, run_number, result, verdict, status, timeout_s, breach, removed=removed)
+        _mark(running, finished)
     said = calls.summary()
     if said is None:
         return finished
     return finished.model_copy(
         update={"message": f"{finished.message} {said}", "tool_calls": calls.made, "tool_calls_failed": calls.failed}
     )
+
+
+def _mark(running: Span, finished: RunPythonResult) -> None:
+    """How the run ended, on its span: its status and exit code (a failure's exception type, never its text)."""
+    if not running.is_recording():
+        return
+    running.set_attribute("sandbox_runtime.run.status", finished.status)
+    if finished.exit_code is not None:
+        running.set_attribute("sandbox_runtime.run.exit_code", finished.exit_code)
+    if finished.status != "ok":
+        error_type = finished.error.type if finished.error is not None else None
+        failed(running, error_type or finished.status)
 
 
 def _tend(

@@ -1,7 +1,9 @@
 """The tool calls of one ``run_python`` run: what the script's ``sandbox_tools`` module sends, checked and answered.
 
 Each line the run writes is one JSON request, ``{"id": n, "op": "list"}`` or ``{"id": n, "op": "call", "tool":
-name, "arguments": {...}}``; each gets one JSON reply, in order. Before a call reaches the pipeline it must pass,
+name, "arguments": {...}, "span": m}`` (``span``: the run's own span the call is made in, if any), or a span or an
+event the run opens (``op`` ``span`` or ``event``: answered by :mod:`~sandbox_runtime.telemetry.sandbox_spans`);
+each gets one JSON reply, in order. Before a call reaches the pipeline it must pass,
 in this order (each refusal is a reply the script raises as a typed error; nothing is called):
 
 * the line is JSON and names a tool (``invalid_arguments``);
@@ -19,6 +21,7 @@ error file, the call id, and why it failed (``denied``, ``invalid_arguments``, `
 
 from __future__ import annotations
 
+import contextlib
 import fnmatch
 import json
 import logging
@@ -26,6 +29,7 @@ import time
 from typing import Any
 
 from sandbox_runtime.policy import ScriptToolsPolicy
+from sandbox_runtime.telemetry.sandbox_spans import RunSpans
 from sandbox_runtime.tools.base import ScriptTools, ToolSpec
 
 __all__ = ["RunScriptCalls"]
@@ -39,10 +43,13 @@ _RUN_PYTHON = "run_python"
 class RunScriptCalls:
     """Answers the tool calls of one run (a :class:`~sandbox_runtime.sandbox.backend.ScriptCalls`)."""
 
-    def __init__(self, scripts: ScriptTools | None, policy: ScriptToolsPolicy, source: str) -> None:
+    def __init__(
+        self, scripts: ScriptTools | None, policy: ScriptToolsPolicy, source: str, spans: RunSpans | None = None
+    ) -> None:
         self._scripts = scripts
         self._policy = policy
         self._source = source
+        self._spans = spans
         self.made = 0  # calls that reached the pipeline
         self.failed = 0  # of those, the ones that failed (denied included)
         self.refused = 0  # calls refused before the pipeline (allow-list, limits, malformed)
@@ -64,8 +71,29 @@ class RunScriptCalls:
         return f"Tool calls from the script: {self.made + self.refused} ({', '.join(parts)})."
 
     def answer(self, line: bytes | None) -> dict[str, Any]:
+        request, refusal = self._parse(line)
+        if refusal is not None:
+            return refusal
+        number, op = request.get("id"), request.get("op")
+        if op == "list":
+            return {"id": number, "ok": True, "tools": [_listed(spec) for spec in self._allowed().values()]}
+        if op in ("span", "event"):
+            return (
+                {"id": number, "ok": False, "error": "off"}
+                if self._spans is None
+                else self._spans.answer(number, request)
+            )
+        if op != "call":
+            return self._refuse(number, "invalid_arguments", f"unknown op {op!r}")
+        # made inside a span the run opened: the call's span is its child
+        inside = contextlib.nullcontext() if self._spans is None else self._spans.inside(request.get("span"))
+        with inside:
+            return self._call(number, request.get("tool"), request.get("arguments"))
+
+    def _parse(self, line: bytes | None) -> tuple[dict[str, Any], dict[str, Any] | None]:
+        """The request a line holds, or the reply refusing a line that holds none."""
         if line is None:
-            return self._refuse(
+            return {}, self._refuse(
                 None,
                 "limit",
                 f"a call's request may take at most {self.line_max_bytes:,} bytes (its arguments "
@@ -75,15 +103,10 @@ class RunScriptCalls:
         try:
             request = json.loads(line)
         except (ValueError, RecursionError) as exc:
-            return self._refuse(None, "invalid_arguments", f"the request is not JSON: {exc}")
+            return {}, self._refuse(None, "invalid_arguments", f"the request is not JSON: {exc}")
         if not isinstance(request, dict):
-            return self._refuse(None, "invalid_arguments", "the request is not a JSON object")
-        number = request.get("id")
-        if request.get("op") == "list":
-            return {"id": number, "ok": True, "tools": [_listed(spec) for spec in self._allowed().values()]}
-        if request.get("op") != "call":
-            return self._refuse(number, "invalid_arguments", f"unknown op {request.get('op')!r}")
-        return self._call(number, request.get("tool"), request.get("arguments"))
+            return {}, self._refuse(None, "invalid_arguments", "the request is not a JSON object")
+        return request, None
 
     def _call(self, number: object, tool: object, arguments: object) -> dict[str, Any]:
         if not isinstance(tool, str) or not tool:

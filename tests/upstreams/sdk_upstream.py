@@ -118,5 +118,12 @@ async def wait_for_cancel(marker: str, ctx: Context) -> str:
     return "never"
 
 
+@server.tool()
+def trace_context(ctx: Context) -> str:
+    """The W3C ``traceparent`` the call came with in its ``_meta`` (empty when none)."""
+    meta = ctx.request_context.meta or {}
+    return str(meta.get("traceparent", ""))
+
+
 if __name__ == "__main__":
     sys.exit(server.run())

@@ -292,6 +292,9 @@ class DockerBackend(SandboxBackend, ImageBuilder):
     def drop_idle_executors(self, idle_s: float) -> int:
         return self._executors.drop_idle(idle_s)
 
+    def executor_restarts(self) -> int:
+        return self._executors.restarts
+
     # exec ---------------------------------------------------------------------------------------------
     def exec(self, container_id: str, request: ExecRequest, control: CallControl | None = None) -> ExecResult:
         return self._execs.exec(container_id, request, control)

@@ -239,6 +239,9 @@ class FakeBackend(SandboxBackend):
     def drop_idle_executors(self, idle_s: float) -> int:
         return self._executors.drop_idle(idle_s)
 
+    def executor_restarts(self) -> int:
+        return self._executors.restarts
+
     def _on_host(self, container_id: str, request: RunRequest) -> RunRequest:
         """A run request with its in-sandbox paths (the script, arguments, working folder, environment) as they
         are on the host."""

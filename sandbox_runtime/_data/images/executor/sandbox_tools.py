@@ -18,6 +18,17 @@ A call that fails raises a :class:`ToolError` (or one of its kinds below) carryi
 the host saved the full error, its path; ``call(..., check=False)`` returns a failed tool's result instead (its
 ``is_error`` set). The calls travel over a pipe the sandbox's executor gave this process: there is no network.
 Only the run's own process can call tools (not a subprocess it starts); calls from threads take turns.
+
+Spans, for the host's traces (OpenTelemetry), over the same pipe::
+
+    with tools.span("load workbook", path=path) as step:   # a child of the run's span on the host
+        book = openpyxl.load_workbook(path)
+        step.set_attribute("sheets", len(book.sheetnames))
+        tools.event("workbook loaded")                      # an event of the innermost open span
+        tools.sql_query(query="...")                        # the call's own span is a child of this one
+
+A span never fails the script: while the host records no traces, past the run's limits, or outside a run, it does
+nothing. The host stamps the times and checks every name and value (strings, numbers, booleans, lists of them).
 """
 
 from __future__ import annotations
@@ -25,6 +36,7 @@ from __future__ import annotations
 import inspect
 import json
 import keyword
+import math
 import os
 import threading
 
@@ -39,16 +51,22 @@ __all__ = [
     "ToolResult",
     "ToolsUnavailable",
     "call",
+    "event",
     "list_tools",
+    "span",
 ]
 
 _READ_CHUNK = 65536
 _TABLE_SUFFIX = ".table.jsonl"  # a table the host saved: a header line, then one JSON array per row
 # "channel": (calls out, replies in, pid), set by the executor in the run's process; "catalog": the tools of
 # this run by name, once asked
-_state = {"channel": None, "catalog": None}
+# "tracing": False once the host said it records no traces (or there is no channel); "full": once the run's spans
+# reached the host's limit (open spans still end)
+_state = {"channel": None, "catalog": None, "tracing": True, "full": False}
 _lock = threading.Lock()
 _numbers = iter(range(1, 1 << 62))
+_span_numbers = iter(range(1, 1 << 62))
+_open_spans = threading.local()  # .numbers: the spans this thread opened and has not ended, innermost last
 
 
 class ToolError(Exception):
@@ -177,6 +195,7 @@ def _here(path):
 def _connect(calls_fd, replies_fd):
     """Called by the sandbox's executor in the run's process, before the script starts."""
     _state["channel"] = (calls_fd, replies_fd, os.getpid())
+    _state["tracing"], _state["full"] = True, False
 
 
 def _exchange(request):
@@ -235,7 +254,7 @@ def call(tool, arguments=None, /, *, check=True, **keyword_arguments):
     result (``is_error`` set, ``error_path`` naming the full error) instead of raising."""
     merged = dict(arguments or {})
     merged.update(keyword_arguments)
-    reply = _exchange({"op": "call", "tool": tool, "arguments": merged})
+    reply = _exchange({"op": "call", "tool": tool, "arguments": merged, "span": _innermost()})
     failed = not reply.get("ok")
     if failed and not (reply.get("error") == "failed" and not check):
         _raise(reply, tool)
@@ -247,6 +266,118 @@ def call(tool, arguments=None, /, *, check=True, **keyword_arguments):
         failed,
         reply.get("error_path"),
     )
+
+
+class _Span:
+    """One span of the run (see :func:`span`)."""
+
+    def __init__(self, name, attributes):
+        self.name, self.number = str(name), None
+        self._attributes, self._late = attributes, {}
+
+    def set_attribute(self, key, value):
+        """Set an attribute, sent when the span ends."""
+        self._late[str(key)] = value
+
+    def event(self, name, **attributes):
+        """An event of this span (of the run's when this one was not taken)."""
+        _new_event(self.number, name, attributes)
+
+    def __enter__(self):
+        if _state["full"]:
+            return self
+        number = next(_span_numbers)
+        opened = _opened()
+        reply = _traced(
+            {
+                "op": "span",
+                "phase": "start",
+                "span": number,
+                "parent": opened[-1] if opened else None,
+                "name": self.name,
+                "attributes": _plain(self._attributes),
+            }
+        )
+        if reply.get("ok"):
+            self.number = number
+            opened.append(number)
+        return self
+
+    def __exit__(self, kind, error, traceback):
+        if self.number is None:
+            return False
+        opened = _opened()
+        if self.number in opened:
+            opened.remove(self.number)
+        failure = None if kind is None else f"{kind.__name__}: {error}"
+        _traced({"op": "span", "phase": "end", "span": self.number, "attributes": _plain(self._late), "error": failure})
+        return False
+
+    def __repr__(self):
+        return f"<span {self.name!r}>"
+
+
+def span(name, **attributes):
+    """A span of this run's trace, for a ``with`` block: a child of the run's span on the host (or of the
+    innermost span open in this thread). ``attributes``: strings, numbers, booleans or lists of them."""
+    return _Span(name, attributes)
+
+
+def event(name, **attributes):
+    """An event of the innermost span open in this thread (else of the run's span)."""
+    _new_event(_innermost(), name, attributes)
+
+
+def _new_event(number, name, attributes):
+    if not _state["full"]:
+        _traced({"op": "event", "span": number, "name": str(name), "attributes": _plain(attributes)})
+
+
+def _opened():
+    numbers = getattr(_open_spans, "numbers", None)
+    if numbers is None:
+        numbers = _open_spans.numbers = []
+    return numbers
+
+
+def _innermost():
+    opened = getattr(_open_spans, "numbers", None)
+    return opened[-1] if opened else None
+
+
+def _traced(request):
+    """Send a span's or an event's request; its reply, or {} when it could not go (never raises)."""
+    if not _state["tracing"]:
+        return {}
+    try:
+        reply = _exchange(request)
+    except ToolError:  # no channel (outside a run, or a process the run started), or it closed
+        _state["tracing"] = False
+        return {}
+    if reply.get("error") == "off":
+        _state["tracing"] = False  # the host records no traces: nothing more is sent
+    elif reply.get("error") == "limit":
+        _state["full"] = True  # no more spans or events: only the ends of those open
+    return reply
+
+
+def _plain(attributes):
+    """Attribute values as JSON can carry them: strings, finite numbers, booleans, lists of them; else text."""
+    plain = {}
+    for key, value in attributes.items():
+        if isinstance(value, (list, tuple)):
+            plain[str(key)] = [_scalar(item) for item in value[:64]]
+        else:
+            plain[str(key)] = _scalar(value)
+    return plain
+
+
+def _scalar(value):
+    if isinstance(value, str):
+        return value[:1024]
+    if isinstance(value, (bool, int)) or (isinstance(value, float) and math.isfinite(value)):
+        return value
+    return str(value)[:1024]
 
 
 def list_tools():
