@@ -80,8 +80,9 @@ fi
 # Prometheus for the metrics tests, which start a private server of their own on 127.0.0.1
 # (tests/prometheus_server.py). Recommends left out (the node exporter). The package enables and starts a system
 # service listening on :9090 on every interface: disabled and stopped at once under systemd, and stopped (by its
-# init script's pid file, which only names that service) where an init script started it.
-if ! dpkg -s prometheus >/dev/null 2>&1; then
+# init script's pid file, which only names that service) where an init script started it. Installed when its
+# programs are missing (not when `dpkg -s` fails: a package removed but not purged still answers it).
+if [ ! -x /usr/bin/prometheus ] || [ ! -x /usr/bin/promtool ]; then
   [ "$apt_updated" -eq 1 ] || { as_root apt-get update -q >/dev/null; apt_updated=1; }
   log "installing prometheus (its system service is disabled: the tests start their own servers)"
   as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends prometheus >/dev/null

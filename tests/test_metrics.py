@@ -116,6 +116,8 @@ def test_admission_waits_and_refusals_and_tenants_disk(fake_runtime_factory: Run
     with pytest.raises(AdmissionRefused):
         full.call("run_python", {"code": "print(1)"})
     assert _value(registry, "sandbox_runtime_admission_refused_total") == 1
+    assert _value(registry, "sandbox_runtime_calls_total", tool="run_python", status="refused") == 1
+    assert _value(registry, "sandbox_runtime_calls_total", tool="run_python", status="infrastructure") == 0
     assert _value(registry, "sandbox_runtime_admission_wait_seconds_count") == 1  # the call that ran
     assert _value(registry, "sandbox_runtime_admission_waiting_calls") == 0
 

@@ -25,6 +25,7 @@ from sandbox_runtime.mcp.gateway import Gateway
 from sandbox_runtime.policy import McpPolicy, UpstreamServer, load_policy
 from sandbox_runtime.telemetry.logs import JsonLogFormatter
 from sandbox_runtime.telemetry.sandbox_spans import RunSpans
+from sandbox_runtime.telemetry.tracing import tracer
 from sandbox_runtime.telemetry_policy import TelemetryPolicy
 from tests.conftest import RuntimeFactory
 from tests.span_capture import captured_spans, named, parent_of
@@ -313,3 +314,30 @@ def test_a_spill_and_an_export_are_spans_of_their_calls(fake_runtime_factory: Ru
     assert parent_of(export, spans).name == "execute_tool export_table"
     assert (export.attributes or {})["sandbox_runtime.export.rows"] == 5
     assert (export.attributes or {})["sandbox_runtime.export.format"] == "xlsx"
+
+
+def test_hostile_span_requests_get_refusals_and_the_host_goes_on() -> None:
+    hostile: list[dict[str, Any]] = [
+        {"op": "event", "span": [1], "name": {"x": 1}, "attributes": [1, 2]},
+        {"op": "span", "phase": "end", "span": {"a": 1}},
+        {"op": "span", "phase": "start", "span": "7", "name": "not a number"},
+        {"op": "span", "phase": "start", "span": 1, "name": None, "attributes": {"k": {"deep": [1]}, "n": 2**70}},
+        {"op": "span", "phase": "start", "span": 1, "name": "the same number again"},
+        {"op": "span", "phase": "sideways", "span": 1},
+        {"op": "span", "phase": "end", "span": 99},
+        {"op": "event", "span": 1, "name": "x" * 10_000},
+    ]
+    with captured_spans() as spans, tracer.start_as_current_span("sandbox.run"):
+        run = RunSpans(TelemetryPolicy())
+        replies = [run.answer(n, request) for n, request in enumerate(hostile)]
+        run.close()  # span 1 was left open
+    assert [reply["ok"] for reply in replies] == [True, True, False, True, False, False, True, True]
+    assert [reply["id"] for reply in replies] == list(range(len(hostile)))
+    opened = named(spans, "span")  # a start without a name
+    assert dict(opened.attributes or {}) == {
+        "k": "{'deep': [1]}",
+        "n": str(2**70),
+        "sandbox_runtime.from_sandbox": True,
+    }
+    assert [(event.name, len(event.name)) for event in opened.events] == [("x" * 256, 256)]
+    assert opened.status.status_code is StatusCode.ERROR

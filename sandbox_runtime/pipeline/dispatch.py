@@ -253,7 +253,7 @@ class Dispatcher:
                     self._spill_or_fault(call)
             except BaseException as exc:  # raised once the others of the turn are decided
                 if self.metrics is not None:
-                    observe_call(call, self.metrics, raised=True)
+                    observe_call(call, self.metrics, raised=exc)
                 return exc
             if self.metrics is not None:
                 observe_call(call, self.metrics)

@@ -13,6 +13,7 @@ import contextlib
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
+from sandbox_runtime.errors import AdmissionRefused
 from sandbox_runtime.models import ToolCall
 from sandbox_runtime.telemetry.logs import log_fields
 from sandbox_runtime.telemetry.metrics import RuntimeMetrics
@@ -35,6 +36,7 @@ if TYPE_CHECKING:
 __all__ = ["observe_call", "observed_call"]
 
 INFRASTRUCTURE = "infrastructure"  # the status of a call an infrastructure failure ended (it raised)
+REFUSED = "refused"  # the status of a call admission refused (it raised AdmissionRefused)
 _RUN_PYTHON = "run_python"
 _EXPORT_TABLE = "export_table"
 
@@ -71,11 +73,13 @@ def observed_call(call: Call, tenant: str, metrics: RuntimeMetrics | None) -> It
                 failed(current, call.failure)
 
 
-def observe_call(call: Call, metrics: RuntimeMetrics, *, raised: bool = False) -> None:
+def observe_call(call: Call, metrics: RuntimeMetrics, *, raised: BaseException | None = None) -> None:
     """Count a call that ran (or a host's result taken in: only its spill), once its result is saved; ``raised``:
-    an infrastructure failure (the engine, a sandbox, the state) ended it, counted as ``infrastructure``."""
-    if raised:
-        metrics.calls.labels(metrics.tool(call.target or call.item.tool), INFRASTRUCTURE).inc()
+    what ended it instead (the call raised): ``refused`` when admission refused it (its tenant's share is full),
+    else ``infrastructure`` (the engine, a sandbox, the state)."""
+    if raised is not None:
+        status = REFUSED if isinstance(raised, AdmissionRefused) else INFRASTRUCTURE
+        metrics.calls.labels(metrics.tool(call.target or call.item.tool), status).inc()
         return
     if isinstance(call.item, ToolCall):
         tool = metrics.tool(call.target or call.item.tool)

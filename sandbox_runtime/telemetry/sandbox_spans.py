@@ -58,6 +58,8 @@ class RunSpans:
         op, phase = request.get("op"), request.get("phase")
         if op == "span" and phase == "end":
             return self._end(number, request)
+        if op == "span" and phase != "start":
+            return {"id": number, "ok": False, "error": "invalid_arguments", "message": "a span's phase: start or end"}
         if self.taken >= self._limits.sandbox_spans_max_count:
             self.dropped += 1
             self._on_drop()
@@ -65,7 +67,7 @@ class RunSpans:
         self.taken += 1
         if op == "span" and phase == "start":
             return self._start(number, request)
-        target = self._open.get(request.get("span"))  # type: ignore[arg-type]
+        target = self._opened(request.get("span"))
         (target or trace.get_current_span(self._parent)).add_event(
             self._text(request.get("name")) or "event", self._attributes(request.get("attributes"))
         )
@@ -73,7 +75,7 @@ class RunSpans:
 
     def context(self, number: object) -> otel_context.Context:
         """The context of the run's span ``number`` (the run's own when it has none open by that number)."""
-        opened = self._open.get(number) if isinstance(number, int) else None
+        opened = self._opened(number)
         return self._parent if opened is None else trace.set_span_in_context(opened, self._parent)
 
     @contextlib.contextmanager
@@ -84,6 +86,10 @@ class RunSpans:
             yield
         finally:
             otel_context.detach(token)
+
+    def _opened(self, number: object) -> Span | None:
+        """The open span of that number (whatever JSON the run sent for it: only an integer names one)."""
+        return self._open.get(number) if isinstance(number, int) else None
 
     def close(self) -> None:
         """The run ended: end the spans it left open, marked failed."""
@@ -105,7 +111,9 @@ class RunSpans:
         return {"id": number, "ok": True}
 
     def _end(self, number: object, request: dict[str, Any]) -> dict[str, Any]:
-        opened = self._open.pop(request.get("span"), None)  # type: ignore[arg-type]
+        opened = self._opened(request.get("span"))
+        if opened is not None:
+            del self._open[request["span"]]
         if opened is None:
             return {"id": number, "ok": True}  # never started (dropped), or ended already
         opened.set_attributes(self._attributes(request.get("attributes")))
