@@ -151,8 +151,11 @@ def test_prometheus_a_trace_and_json_logs_show_what_a_call_did(tmp_path: Path, e
     assert not any("sum(range(10))" in json.dumps(record) for record in stderr)  # no argument's value
 
 
-def _get(url: str, token: str | None = None) -> tuple[int, str]:
-    request = urllib.request.Request(url, headers={"Authorization": f"Bearer {token}"} if token else {})  # noqa: S310  (a loopback URL the test made)
+def _get(url: str, token: str | None = None, host: str | None = None) -> tuple[int, str]:
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    if host is not None:
+        headers["Host"] = host
+    request = urllib.request.Request(url, headers=headers)  # noqa: S310  (a loopback URL the test made)
     try:
         with _OPENER.open(request, timeout=30) as answer:
             return answer.status, answer.read().decode()
@@ -182,6 +185,29 @@ def test_metrics_on_a_port_of_their_own_take_the_token_and_oauth_keeps_them_off_
             assert "--metrics" in body
             process.terminate()
             assert process.wait(timeout=60) == 0
+
+
+def test_metrics_on_loopback_without_a_token_answer_only_to_loopback_names(
+    tmp_path: Path, fake_policy_file: Path
+) -> None:
+    """A web page that rebinds its own name to 127.0.0.1 cannot read them: the Host is checked, as for /mcp."""
+    env = {key: value for key, value in os.environ.items() if "TOKEN" not in key}
+    command = serve_command(
+        tmp_path / "state", "--http", "127.0.0.1:0", "--metrics", "127.0.0.1:0", policy=fake_policy_file
+    )
+    with serve_process(command, env=env) as (process, lines):
+        said = _said(lines, ("serving metrics at ", "serving MCP at "))
+        own_port = said["serving metrics at "]
+        mcp_port = said["serving MCP at "].removesuffix("/mcp") + "/metrics"
+        for url in (own_port, mcp_port):
+            status, body = _get(url)
+            assert status == 200, body
+            assert "sandbox_runtime_info{" in body
+            port = url.split(":")[2].split("/")[0]
+            assert _get(url, host=f"attacker.example:{port}")[0] == 421
+            assert _get(url.replace("127.0.0.1", "localhost"))[0] == 200
+        process.terminate()
+        assert process.wait(timeout=60) == 0
 
 
 def test_metrics_off_loopback_without_a_token_are_refused_before_anything_starts(

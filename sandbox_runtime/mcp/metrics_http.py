@@ -19,7 +19,7 @@ import hmac
 import logging
 import socket
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Collection, Iterable
 from socketserver import ThreadingMixIn
 from typing import Any
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
@@ -36,6 +36,7 @@ __all__ = ["METRICS_PATH", "METRICS_TOKEN_VARIABLE", "MetricsEndpoint", "Metrics
 logger = logging.getLogger(__name__)
 
 METRICS_PATH = "/metrics"
+_MISDIRECTED = b"this server is not reached by that name (Host)\n"
 METRICS_TOKEN_VARIABLE = "SANDBOX_RUNTIME_METRICS_TOKEN"  # noqa: S105  (the name of a variable, not a secret)
 
 
@@ -65,10 +66,17 @@ class MetricsEndpoint:
     app's 401 and 403 answers."""
 
     def __init__(
-        self, app: ASGIApp, metrics: RuntimeMetrics, registry: CollectorRegistry, *, token: str | None, served: bool
+        self,
+        app: ASGIApp,
+        metrics: RuntimeMetrics,
+        registry: CollectorRegistry,
+        *,
+        token: str | None,
+        served: bool,
+        allowed_hosts: Collection[str] | None = None,
     ) -> None:
         self._app, self._metrics, self._registry = app, metrics, registry
-        self._token, self._served = token, served
+        self._token, self._served, self._hosts = token, served, allowed_hosts
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -89,6 +97,9 @@ class MetricsEndpoint:
         headers = {name.decode("latin-1").lower(): value.decode("latin-1") for name, value in scope["headers"]}
         if not self._served:
             await _reply(send, 404, b"metrics are served on their own port here (serve --metrics HOST:PORT)\n")
+            return
+        if self._hosts is not None and headers.get("host") not in self._hosts:
+            await _reply(send, 421, _MISDIRECTED)
             return
         if scope["method"] not in ("GET", "HEAD"):
             await _reply(send, 405, b"GET /metrics\n", [(b"allow", b"GET, HEAD")])
@@ -137,6 +148,11 @@ class MetricsServer:
         bare = host.strip("[]")
         kind = _ThreadingServer6 if ":" in bare else _ThreadingServer
         self._server = make_server(bare, port, self._app, server_class=kind, handler_class=_QuietHandler)
+        # without a token (on loopback only): a browser page that rebinds its own name to this address is refused
+        bound = self.address
+        names = {bare, bound[0], "localhost"}
+        shown = {f"[{name}]" if ":" in name else name for name in names}
+        self._hosts = None if token is not None else frozenset(f"{name}:{bound[1]}" for name in shown)
         self._thread = threading.Thread(target=self._server.serve_forever, name="sandbox-runtime-metrics", daemon=True)
 
     @property
@@ -158,6 +174,9 @@ class MetricsServer:
     def _app(self, environ: dict[str, Any], start_response: Callable[..., Any]) -> list[bytes]:
         assert self._served is not None  # noqa: S101  (requests are served after start only)
         registry, metrics = self._served
+        if self._hosts is not None and environ.get("HTTP_HOST") not in self._hosts:
+            start_response("421 Misdirected Request", [("Content-Type", "text/plain; charset=utf-8")])
+            return [_MISDIRECTED]
         if environ.get("PATH_INFO") != METRICS_PATH:
             start_response("404 Not Found", [("Content-Type", "text/plain; charset=utf-8")])
             return [b"only /metrics is served here\n"]

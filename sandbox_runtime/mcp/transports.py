@@ -248,16 +248,22 @@ def http_app(service: McpService, host: str, token: str | None, *, port: int, bo
             auth=settings,
             token_verifier=JwtVerifier(mcp.auth, audience),
         )
-        return _with_metrics(AuthRefusalAudit(guarded, service.runtime.state.audit), service, None, served=False)
+        return _with_metrics(
+            AuthRefusalAudit(guarded, service.runtime.state.audit), service, None, security, served=False
+        )
     app: ASGIApp = service.server.streamable_http_app(
         streamable_http_path=MCP_HTTP_PATH, host=host, transport_security=security
     )
-    return _with_metrics(app if token is None else BearerTokenAuth(app, token), service, token, served=True)
+    return _with_metrics(app if token is None else BearerTokenAuth(app, token), service, token, security, served=True)
 
 
-def _with_metrics(app: ASGIApp, service: McpService, token: str | None, *, served: bool) -> MetricsEndpoint:
+def _with_metrics(
+    app: ASGIApp, service: McpService, token: str | None, security: TransportSecuritySettings, *, served: bool
+) -> MetricsEndpoint:
+    """``/metrics`` in front of ``app``, with the same Host check as the MCP endpoint's."""
     metrics = service.runtime.metrics
-    return MetricsEndpoint(app, metrics, exposition_registry(metrics), token=token, served=served)
+    hosts = security.allowed_hosts if security.enable_dns_rebinding_protection else None
+    return MetricsEndpoint(app, metrics, exposition_registry(metrics), token=token, served=served, allowed_hosts=hosts)
 
 
 def listen(host: str, port: int) -> socket.socket:
