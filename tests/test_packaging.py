@@ -126,6 +126,16 @@ def test_the_mcp_stack_is_an_extra_and_dev_pulls_it_in() -> None:
         extra = re.search(r"""extra == ["']([^"']+)["']""", requirement)
         assert name is not None
         by_extra.setdefault(extra.group(1) if extra else "", set()).add(name.group(0).lower())
-    assert by_extra["mcp"] == {"mcp", "anyio", "httpx2", "starlette", "uvicorn", "pyjwt[crypto]"}
+    assert by_extra["mcp"] == {
+        "mcp",
+        "anyio",
+        "httpx2",
+        "starlette",
+        "uvicorn",
+        "pyjwt[crypto]",
+        "opentelemetry-sdk",  # serve exports traces when OTEL_* asks; the core needs only the API
+        "opentelemetry-exporter-otlp-proto-http",
+    }
+    assert {"prometheus-client", "opentelemetry-api"} <= by_extra[""]  # Runtime.metrics and the spans, always
     assert not by_extra[""] & {"mcp", "mcp-types", "anyio", "httpx2", "starlette", "uvicorn"}
     assert "sandbox-runtime[mcp]" in by_extra["dev"]
