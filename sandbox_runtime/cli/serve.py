@@ -203,9 +203,13 @@ def _telemetry(stack: contextlib.ExitStack, metrics_address: str | None, token: 
 
 
 def _serve_metrics(server: MetricsServer | None, runtime: Runtime) -> None:
+    """Start ``--metrics``, with the Host check of the MCP port (on loopback: a rebound name is refused)."""
+    from sandbox_runtime.mcp.transports import allowed_hosts  # noqa: PLC0415  (the MCP extra)
+
     if server is not None:
-        server.start(runtime.metrics)
-        say(f"serving metrics at http://{_http_address(*server.address)}/metrics")
+        bound_host, port = server.address
+        server.start(runtime.metrics, allowed_hosts(server.host, port, bound_address=bound_host))
+        say(f"serving metrics at http://{_http_address(bound_host, port)}/metrics")
 
 
 def _metrics_server(address: str, token: str | None) -> MetricsServer:

@@ -144,15 +144,10 @@ class MetricsServer:
 
     def __init__(self, host: str, port: int, token: str | None) -> None:
         self._token = token
-        self._served: tuple[CollectorRegistry, RuntimeMetrics] | None = None
-        bare = host.strip("[]")
-        kind = _ThreadingServer6 if ":" in bare else _ThreadingServer
-        self._server = make_server(bare, port, self._app, server_class=kind, handler_class=_QuietHandler)
-        # without a token (on loopback only): a browser page that rebinds its own name to this address is refused
-        bound = self.address
-        names = {bare, bound[0], "localhost"}
-        shown = {f"[{name}]" if ":" in name else name for name in names}
-        self._hosts = None if token is not None else frozenset(f"{name}:{bound[1]}" for name in shown)
+        self._served: tuple[CollectorRegistry, RuntimeMetrics, Collection[str] | None] | None = None
+        self.host = host.strip("[]")
+        kind = _ThreadingServer6 if ":" in self.host else _ThreadingServer
+        self._server = make_server(self.host, port, self._app, server_class=kind, handler_class=_QuietHandler)
         self._thread = threading.Thread(target=self._server.serve_forever, name="sandbox-runtime-metrics", daemon=True)
 
     @property
@@ -160,9 +155,10 @@ class MetricsServer:
         host, port = self._server.server_address[:2]
         return str(host), int(port)
 
-    def start(self, metrics: RuntimeMetrics) -> None:
-        """Serve ``metrics`` (and this process's) from now on."""
-        self._served = exposition_registry(metrics), metrics
+    def start(self, metrics: RuntimeMetrics, allowed_hosts: Collection[str] | None) -> None:
+        """Serve ``metrics`` (and this process's) from now on, to requests whose Host is one of ``allowed_hosts``
+        (None: any; :func:`~sandbox_runtime.mcp.transports.allowed_hosts`)."""
+        self._served = exposition_registry(metrics), metrics, allowed_hosts
         self._thread.start()
 
     def close(self) -> None:
@@ -173,8 +169,8 @@ class MetricsServer:
 
     def _app(self, environ: dict[str, Any], start_response: Callable[..., Any]) -> list[bytes]:
         assert self._served is not None  # noqa: S101  (requests are served after start only)
-        registry, metrics = self._served
-        if self._hosts is not None and environ.get("HTTP_HOST") not in self._hosts:
+        registry, metrics, hosts = self._served
+        if hosts is not None and environ.get("HTTP_HOST") not in hosts:
             start_response("421 Misdirected Request", [("Content-Type", "text/plain; charset=utf-8")])
             return [_MISDIRECTED]
         if environ.get("PATH_INFO") != METRICS_PATH:

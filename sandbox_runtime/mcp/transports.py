@@ -262,8 +262,18 @@ def _with_metrics(
 ) -> MetricsEndpoint:
     """``/metrics`` in front of ``app``, with the same Host check as the MCP endpoint's."""
     metrics = service.runtime.metrics
-    hosts = security.allowed_hosts if security.enable_dns_rebinding_protection else None
+    hosts = _hosts_of(security)
     return MetricsEndpoint(app, metrics, exposition_registry(metrics), token=token, served=served, allowed_hosts=hosts)
+
+
+def allowed_hosts(host: str, port: int, *, bound_address: str | None = None) -> list[str] | None:
+    """The Host names a server at ``host:port`` answers to: :func:`rebinding_protection`'s on loopback; None (any)
+    elsewhere."""
+    return _hosts_of(rebinding_protection(host, port, bound_address=bound_address))
+
+
+def _hosts_of(security: TransportSecuritySettings) -> list[str] | None:
+    return security.allowed_hosts if security.enable_dns_rebinding_protection else None
 
 
 def listen(host: str, port: int) -> socket.socket:

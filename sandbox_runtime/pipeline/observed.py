@@ -46,17 +46,20 @@ def observed_call(call: Call, tenant: str, metrics: RuntimeMetrics | None) -> It
     """The call's span and log fields around its run and spill; counted in flight meanwhile."""
     key = call.ctx.conversation_id
     operation = "execute_tool" if isinstance(call.item, ToolCall) else "take_result"  # a host's own tool's
-    attributes = {
-        ATTR_OPERATION: operation,
-        ATTR_TOOL: call.item.tool,
-        ATTR_CALL_ID: call.call_id,
-        ATTR_CONVERSATION: conversation_hash(key),
-        ATTR_TENANT: tenant,
-    }
     with (
         log_fields(conversation=key, call_id=call.call_id, tool=call.item.tool),
-        span(f"{operation} {call.item.tool}", attributes) as current,
+        span(f"{operation} {call.item.tool}") as current,
     ):
+        if current.is_recording():  # the hash and the attributes only for a span that is kept
+            current.set_attributes(
+                {
+                    ATTR_OPERATION: operation,
+                    ATTR_TOOL: call.item.tool,
+                    ATTR_CALL_ID: call.call_id,
+                    ATTR_CONVERSATION: conversation_hash(key),
+                    ATTR_TENANT: tenant,
+                }
+            )
         if metrics is not None:
             metrics.calls_in_flight.inc()
         try:

@@ -58,10 +58,11 @@ def export_traces_from_environment(environ: Mapping[str, str] | None = None) -> 
             if protocol != _PROTOCOL:
                 raise PolicyError(f"{variable}={protocol}: traces are exported by {_PROTOCOL} only")
             break
-    return _install(endpoint)
+    named = bool(env.get("OTEL_SERVICE_NAME")) or "service.name" in env.get("OTEL_RESOURCE_ATTRIBUTES", "")
+    return _install(endpoint, named=named)
 
 
-def _install(endpoint: str) -> TraceExport:
+def _install(endpoint: str, *, named: bool) -> TraceExport:
     from opentelemetry import trace  # noqa: PLC0415  (the SDK loads only when traces are exported)
     from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter  # noqa: PLC0415  (idem)
     from opentelemetry.sdk.resources import Resource  # noqa: PLC0415  (idem)
@@ -69,7 +70,7 @@ def _install(endpoint: str) -> TraceExport:
     from opentelemetry.sdk.trace.export import BatchSpanProcessor  # noqa: PLC0415  (idem)
 
     resource = Resource.create({"service.version": package_version()})
-    if "service.name" not in os.environ.get("OTEL_RESOURCE_ATTRIBUTES", "") and not os.environ.get("OTEL_SERVICE_NAME"):
+    if not named:  # the resource's own default is "unknown_service:python"
         resource = resource.merge(Resource.create({"service.name": SERVICE_NAME}))
     provider = TracerProvider(resource=resource)
     provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
