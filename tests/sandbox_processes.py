@@ -1,8 +1,8 @@
 """What runs in a conversation's sandbox, seen from inside it by a command the code cannot reach.
 
-Between runs the code's uid has two processes of the runtime's own: the sandbox's resident executor and its
-spare (the fork that will be the next run, named ``sr-spare`` until it runs); :func:`run_processes` leaves them
-out.
+Between runs the code's uid has two processes of the runtime's own: the sandbox's resident executor (named
+``sr-executor``) and its spare (the fork that will be the next run: named as the executor from its fork, then
+``sr-spare`` until it runs); :func:`run_processes` leaves them out.
 
 The listing runs as ``nobody`` (65534), not as the code's uid: a cancel ends every process of the code's uid
 with ``kill(-1)`` until none is left, and a listing under that uid could be ended by the very sweep it watches.
@@ -21,6 +21,7 @@ from sandbox_runtime.sandbox.profile import EXECUTOR, LABEL_CONVERSATION, PYTHON
 __all__ = ["code_processes", "run_processes", "sandbox_container"]
 
 _LISTER_USER = "65534:65534"
+EXECUTOR_NAME = "sr-executor"  # the resident executor's process name, and a spare's until it renames itself
 SPARE_NAME = "sr-spare"  # the executor's idle spare, by its process name
 
 # Lists the live processes of the uid given as argv[1], as JSON.
@@ -74,9 +75,10 @@ def code_processes(runtime: Runtime, conversation_id: str) -> list[dict[str, Any
 
 def run_processes(runtime: Runtime, conversation_id: str) -> list[dict[str, Any]]:
     """The live processes of the code's uid that are not the resident executor (its parent is not of the code's
-    uid) or the executor's idle spare (its child, by name): what runs or was left by runs."""
+    uid) or the executor's idle spare (its child, by name: a run renames itself ``python``): what runs or was left
+    by runs."""
     found = code_processes(runtime, conversation_id)
     pids = {process["pid"] for process in found}
     executors = {p["pid"] for p in found if EXECUTOR in p["cmdline"] and p["ppid"] not in pids}
-    spares = {p["pid"] for p in found if p["comm"] == SPARE_NAME and p["ppid"] in executors}
+    spares = {p["pid"] for p in found if p["comm"] in (SPARE_NAME, EXECUTOR_NAME) and p["ppid"] in executors}
     return [p for p in found if p["pid"] not in executors | spares]

@@ -23,7 +23,7 @@ from sandbox_runtime.mcp.tasks import META_RELATED_TASK
 from tests.client_helpers import REPO, missing_environment, require, server_env
 from tests.conftest import RuntimeFactory
 from tests.mcp_helpers import http_server, run_bounded, serve_command
-from tests.test_mcp_channels import code_processes_left
+from tests.sandbox_processes import run_processes
 
 DRIVER = REPO / "tests" / "clients" / "tasks_client.mjs"
 SDK = REPO / ".npm-tools" / "node_modules" / "@modelcontextprotocol" / "sdk" / "package.json"
@@ -155,15 +155,15 @@ def cancel_once_started(
     assert created, "the call did not become a task"
     host = runtime_factory(state_dir=served_state)
     conversation = started_conversation(host, time.monotonic() + STARTED_WAIT_S)
-    assert code_processes_left(host, conversation) >= 2  # the script and its child
+    assert len(run_processes(host, conversation)) >= 2  # the script and its child
     assert process.stdin is not None
     process.stdin.write("cancel\n")
     process.stdin.flush()
     report = checked(json.loads(lines.get(timeout=max(0.1, deadline - time.monotonic()))))
     gone_by = time.monotonic() + PROCESSES_GONE_S  # the server is still up: its sandbox too
-    while code_processes_left(host, conversation) and time.monotonic() < gone_by:
+    while (left := run_processes(host, conversation)) and time.monotonic() < gone_by:
         time.sleep(0.1)  # polling a condition, bounded
-    assert code_processes_left(host, conversation) == 0
+    assert left == [], f"processes of the cancelled run still live {PROCESSES_GONE_S} s after the cancel"
     process.stdin.write("close\n")
     process.stdin.flush()
     assert process.wait(timeout=max(1, deadline - time.monotonic())) == 0

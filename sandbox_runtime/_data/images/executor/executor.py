@@ -84,7 +84,8 @@ READ_CHUNK = 65536
 REQUEST_MAX_BYTES = 1 << 20
 REPLIES_MAX_BYTES = 8 << 20  # replies a run has not read; past this it gets none any more (its pipe is closed)
 CANCELLED_EXIT = 130
-SPARE_NAME = "sr-spare"  # the spare's process name (``/proc/<pid>/comm``) until it runs its job
+EXECUTOR_NAME = "sr-executor"  # the executor's process name (``/proc/<pid>/comm``), and a new spare's until it renames
+SPARE_NAME = "sr-spare"  # the spare's process name until it runs its job
 _IGNORED = (
     signal.SIGHUP,
     signal.SIGINT,
@@ -629,6 +630,7 @@ def main(argv):
         signal.signal(sig, signal.SIG_IGN)
     runner.sweep(0.0)  # a spare or a run left by an earlier executor
     confine.forbid_inspection()
+    confine.set_name(EXECUTOR_NAME)  # a spare is never named as a run is, not even between its fork and its rename
     spare = _serve(libraries)
     _prepare(spare, nproc_max)
     job = _take_job(spare)
