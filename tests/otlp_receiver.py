@@ -19,7 +19,6 @@ import zlib
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from types import TracebackType
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -32,6 +31,8 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
 )
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 from opentelemetry.proto.trace.v1.trace_pb2 import Span, Status
+
+from tests.local_servers import StartedInBlock
 
 MAX_BODY = 16 * 1024 * 1024  # bytes of a request body, before and after decompression
 STOP_S = 10.0
@@ -195,9 +196,9 @@ class _Handler(BaseHTTPRequestHandler):
         pass
 
 
-class OtlpReceiver:
+class OtlpReceiver(StartedInBlock):
     """An OTLP/HTTP trace receiver on ``http://127.0.0.1:PORT``, serving from a daemon thread while the ``with``
-    block runs (started by ``__enter__``, stopped by ``__exit__``)."""
+    block runs (or from :meth:`start` to :meth:`close`)."""
 
     def __init__(self) -> None:
         self._changed = threading.Condition()
@@ -206,18 +207,13 @@ class OtlpReceiver:
         self._server: _Server | None = None
         self._thread: threading.Thread | None = None
 
-    def __enter__(self) -> OtlpReceiver:
+    def start(self) -> None:
+        """Listens on a free port and serves from a thread of its own."""
         server = _Server(("127.0.0.1", 0), _Handler)
         server.receiver = self
         self._server = server
         self._thread = threading.Thread(target=server.serve_forever, args=(POLL_S,), name="otlp-receiver", daemon=True)
         self._thread.start()
-        return self
-
-    def __exit__(
-        self, kind: type[BaseException] | None, error: BaseException | None, traceback: TracebackType | None
-    ) -> None:
-        self.close()
 
     def close(self) -> None:
         """Stops serving and closes the listening socket (the thread is waited for at most ``STOP_S``)."""

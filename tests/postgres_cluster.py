@@ -23,20 +23,20 @@ import os
 import secrets
 import shutil
 import signal
-import socket
 import subprocess
 import tempfile
 import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
-from types import TracebackType
 from urllib.parse import quote
 
 import psycopg
 import pytest
 from psycopg import sql
 from psycopg.rows import TupleRow
+
+from tests.local_servers import StartedInBlock, free_port
 
 SUPERUSER = "sandbox"
 SERVER_USER = "postgres"  # the system user the server runs as when the tests run as root
@@ -68,15 +68,7 @@ def postgres_bin_dir() -> Path | None:
     return bin_dir if found.returncode == 0 and (bin_dir / "initdb").is_file() else None
 
 
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 nothing listens on now."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-        return port
-
-
-class PostgresCluster:
+class PostgresCluster(StartedInBlock):
     """A private PostgreSQL cluster in a folder of its own, made (``initdb``) but not started by the constructor."""
 
     def __init__(self, parent: Path | None = None) -> None:
@@ -98,19 +90,6 @@ class PostgresCluster:
         except BaseException:
             self.close()
             raise
-
-    def __enter__(self) -> PostgresCluster:
-        try:
-            self.start()
-        except BaseException:
-            self.close()
-            raise
-        return self
-
-    def __exit__(
-        self, kind: type[BaseException] | None, error: BaseException | None, traceback: TracebackType | None
-    ) -> None:
-        self.close()
 
     @property
     def socket_dir(self) -> Path:

@@ -21,7 +21,6 @@ import atexit
 import json
 import os
 import shutil
-import socket
 import subprocess
 import time
 import urllib.error
@@ -29,10 +28,11 @@ import urllib.parse
 import urllib.request
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from types import TracebackType
 from typing import Any, Literal
 
 import pytest
+
+from tests.local_servers import StartedInBlock, free_port
 
 PROMETHEUS = Path("/usr/bin/prometheus")
 HOST = "127.0.0.1"
@@ -68,20 +68,12 @@ def prometheus_binary() -> Path:
     return debian_binary(PROMETHEUS)
 
 
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 nothing listens on now."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        probe.bind((HOST, 0))
-        port: int = probe.getsockname()[1]
-        return port
-
-
 def values(result: Result) -> list[float]:
     """The sample values of an instant query's result, in its order (``NaN`` and ``+Inf`` included)."""
     return [float(sample["value"][1]) for sample in result]
 
 
-class PrometheusServer:
+class PrometheusServer(StartedInBlock):
     """A private Prometheus scraping one loopback target, configured (not started) by the constructor; use it as a
     context manager (or :meth:`start` and :meth:`close`)."""
 
@@ -125,19 +117,6 @@ class PrometheusServer:
         folder.mkdir(parents=True, exist_ok=True)
         # JSON is YAML: no quoting rules of our own to get wrong (a token or path with any character stays intact)
         self.config_file.write_text(json.dumps(config, indent=2) + "\n")
-
-    def __enter__(self) -> PrometheusServer:
-        try:
-            self.start()
-        except BaseException:
-            self.close()
-            raise
-        return self
-
-    def __exit__(
-        self, kind: type[BaseException] | None, error: BaseException | None, traceback: TracebackType | None
-    ) -> None:
-        self.close()
 
     @property
     def url(self) -> str:

@@ -151,11 +151,11 @@ def test_prometheus_a_trace_and_json_logs_show_what_a_call_did(tmp_path: Path, e
     assert not any("sum(range(10))" in json.dumps(record) for record in stderr)  # no argument's value
 
 
-def _get(url: str, token: str | None = None, host: str | None = None) -> tuple[int, str]:
+def _get(url: str, token: str | None = None, host: str | None = None, method: str = "GET") -> tuple[int, str]:
     headers = {"Authorization": f"Bearer {token}"} if token else {}
     if host is not None:
         headers["Host"] = host
-    request = urllib.request.Request(url, headers=headers)  # noqa: S310  (a loopback URL the test made)
+    request = urllib.request.Request(url, headers=headers, method=method)  # noqa: S310  (a loopback URL the test made)
     try:
         with _OPENER.open(request, timeout=30) as answer:
             return answer.status, answer.read().decode()
@@ -191,7 +191,7 @@ def test_metrics_on_loopback_without_a_token_answer_only_to_loopback_names(
     tmp_path: Path, fake_policy_file: Path
 ) -> None:
     """A web page that rebinds its own name to 127.0.0.1 cannot read them: the Host is checked, as for /mcp."""
-    env = {key: value for key, value in os.environ.items() if "TOKEN" not in key}
+    env = _without_tokens()
     command = serve_command(
         tmp_path / "state", "--http", "127.0.0.1:0", "--metrics", "127.0.0.1:0", policy=fake_policy_file
     )
@@ -206,6 +206,7 @@ def test_metrics_on_loopback_without_a_token_answer_only_to_loopback_names(
             port = url.split(":")[2].split("/")[0]
             assert _get(url, host=f"attacker.example:{port}")[0] == 421
             assert _get(url.replace("127.0.0.1", "localhost"))[0] == 200
+            assert _get(url, method="POST")[0] == 405  # both ports answer alike: they share one answer
         process.terminate()
         assert process.wait(timeout=60) == 0
 
@@ -213,14 +214,11 @@ def test_metrics_on_loopback_without_a_token_answer_only_to_loopback_names(
 def test_metrics_off_loopback_without_a_token_are_refused_before_anything_starts(
     tmp_path: Path, fake_policy_file: Path
 ) -> None:
-    env = {key: value for key, value in os.environ.items() if "TOKEN" not in key}
+    env = _without_tokens()
     command = serve_command(
         tmp_path / "state", "--http", "127.0.0.1:0", "--metrics", "0.0.0.0:0", policy=fake_policy_file
     )
-    with serve_process(command, env=env) as (process, lines):
-        assert process.wait(timeout=60) == 2
-        said = "".join(line for line in iter(lines.get, None))
-    assert "SANDBOX_RUNTIME_METRICS_TOKEN" in said
+    assert "SANDBOX_RUNTIME_METRICS_TOKEN" in _refused_at_start(command, env)
     assert not (tmp_path / "state").exists()
 
 
@@ -236,11 +234,21 @@ def test_an_exporter_setting_it_cannot_honour_is_refused_at_start(
 ) -> None:
     env = {**os.environ, "OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:9", variable: value}
     command = serve_command(tmp_path / "state", "--http", "127.0.0.1:0", policy=fake_policy_file)
-    with serve_process(command, env=env) as (process, lines):
-        assert process.wait(timeout=60) == 2
-        said = "".join(line for line in iter(lines.get, None))
+    said = _refused_at_start(command, env)
     assert refusal in said
     assert variable in said
+
+
+def _refused_at_start(command: list[str], env: dict[str, str]) -> str:
+    """What serve said as it exited 2 (a usage error) without serving."""
+    with serve_process(command, env=env) as (process, lines):
+        assert process.wait(timeout=60) == 2
+        return "".join(line for line in iter(lines.get, None))
+
+
+def _without_tokens() -> dict[str, str]:
+    """This process's environment without any token variable."""
+    return {key: value for key, value in os.environ.items() if "TOKEN" not in key}
 
 
 def _said(lines: queue.Queue[str | None], starts: tuple[str, ...]) -> dict[str, str]:

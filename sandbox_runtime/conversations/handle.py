@@ -55,9 +55,7 @@ class SandboxHandle:
 
     def run_spans(self) -> RunSpans:
         """The spans a run's code opens inside the sandbox, under the span current now (the run's)."""
-        metrics = self._service.metrics
-        dropped = (lambda: None) if metrics is None else metrics.sandbox_spans_dropped.inc
-        return RunSpans(self.policy.telemetry, on_drop=dropped)
+        return RunSpans(self.policy.telemetry, on_drop=self._service.metrics.sandbox_spans_dropped.inc)
 
     def begin_run(self, sandbox: Sandbox) -> int:
         """The run's number, with the sandbox's use recorded in the same write."""

@@ -63,7 +63,7 @@ class ConversationService:
         image: str,
         *,
         extra_labels: dict[str, str] | None = None,
-        metrics: RuntimeMetrics | None = None,
+        metrics: RuntimeMetrics,
     ) -> None:
         self.policy = policy
         self.store = store
@@ -184,8 +184,7 @@ class ConversationService:
         with span("pool.take") as taking:
             pooled = self.pool.take()
             taking.set_attribute("sandbox_runtime.pool.hit", pooled is not None)
-        if self.metrics is not None:
-            self.metrics.pool_takes.labels("miss" if pooled is None else "hit").inc()
+        self.metrics.pool_takes.labels("miss" if pooled is None else "hit").inc()
         if pooled is None:
             return None
         try:

@@ -19,7 +19,9 @@ import hmac
 import logging
 import socket
 import threading
-from collections.abc import Callable, Collection, Iterable
+from collections.abc import Callable, Collection, Mapping
+from dataclasses import dataclass, field
+from http import HTTPStatus
 from socketserver import ThreadingMixIn
 from typing import Any
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
@@ -50,33 +52,63 @@ def exposition_registry(metrics: RuntimeMetrics) -> CollectorRegistry:
     return registry
 
 
-def _exposition(registry: CollectorRegistry, accept: str) -> tuple[bytes, str]:
-    encoder, content_type = choose_encoder(accept)
-    return encoder(registry), content_type
-
-
 def _authorized(given: str | None, token: str | None) -> bool:
     if token is None:
         return True
     return given is not None and hmac.compare_digest(given.encode(), f"Bearer {token}".encode())
 
 
+class _Scrapes:
+    """Who may read the metrics and what they read, the same on both ports: a request by another Host name than
+    ``allowed_hosts`` (None: any) is misdirected (421), one without the token refused (401, counted)."""
+
+    def __init__(self, metrics: RuntimeMetrics, token: str | None, allowed_hosts: Collection[str] | None) -> None:
+        self._metrics, self._token, self._hosts = metrics, token, allowed_hosts
+        self._registry = exposition_registry(metrics)
+
+    def answer(self, method: str, path: str, headers: Mapping[str, str]) -> _Answer:
+        """The answer to a request (``headers`` by lower-case name)."""
+        if self._hosts is not None and headers.get("host") not in self._hosts:
+            return _Answer(421, _MISDIRECTED)
+        if path != METRICS_PATH:
+            return _Answer(404, b"only /metrics is served here\n")
+        if method not in ("GET", "HEAD"):
+            return _Answer(405, b"GET /metrics\n", [("allow", "GET, HEAD")])
+        if not _authorized(headers.get("authorization"), self._token):
+            self._metrics.auth_failures.labels("401").inc()
+            return _Answer(401, b"a bearer token is required\n", [("www-authenticate", "Bearer")])
+        encoder, content_type = choose_encoder(headers.get("accept", ""))
+        body = encoder(self._registry) if method == "GET" else b""
+        return _Answer(200, body, [("content-type", content_type)])
+
+
+@dataclass(frozen=True)
+class _Answer:
+    status: int
+    body: bytes
+    headers: list[tuple[str, str]] = field(default_factory=list)
+
+    def header_list(self) -> list[tuple[str, str]]:
+        """Its headers, with the body's length (and a text type for a refusal)."""
+        plain = [] if self.status == 200 else [("content-type", "text/plain; charset=utf-8")]
+        return [("content-length", str(len(self.body))), *self.headers, *plain]
+
+
 class MetricsEndpoint:
-    """ASGI middleware around the whole HTTP app: answers ``GET /metrics`` (see the module text) and counts the
-    app's 401 and 403 answers."""
+    """ASGI middleware around the whole HTTP app: answers ``/metrics`` (see the module text; ``served`` False:
+    404, pointing at ``--metrics``) and counts the app's 401 and 403 answers."""
 
     def __init__(
         self,
         app: ASGIApp,
         metrics: RuntimeMetrics,
-        registry: CollectorRegistry,
         *,
         token: str | None,
         served: bool,
         allowed_hosts: Collection[str] | None = None,
     ) -> None:
-        self._app, self._metrics, self._registry = app, metrics, registry
-        self._token, self._served, self._hosts = token, served, allowed_hosts
+        self._app, self._metrics = app, metrics
+        self._scrapes = _Scrapes(metrics, token, allowed_hosts) if served else None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -94,34 +126,14 @@ class MetricsEndpoint:
         await self._app(scope, receive, counted)
 
     async def _answer(self, scope: Scope, send: Send) -> None:
-        headers = {name.decode("latin-1").lower(): value.decode("latin-1") for name, value in scope["headers"]}
-        if not self._served:
-            await _reply(send, 404, b"metrics are served on their own port here (serve --metrics HOST:PORT)\n")
-            return
-        if self._hosts is not None and headers.get("host") not in self._hosts:
-            await _reply(send, 421, _MISDIRECTED)
-            return
-        if scope["method"] not in ("GET", "HEAD"):
-            await _reply(send, 405, b"GET /metrics\n", [(b"allow", b"GET, HEAD")])
-            return
-        if not _authorized(headers.get("authorization"), self._token):
-            self._metrics.auth_failures.labels("401").inc()
-            await _reply(send, 401, b"a bearer token is required\n", [(b"www-authenticate", b"Bearer")])
-            return
-        body, content_type = await anyio.to_thread.run_sync(_exposition, self._registry, headers.get("accept", ""))
-        await _reply(send, 200, body if scope["method"] == "GET" else b"", [(b"content-type", content_type.encode())])
-
-
-async def _reply(send: Send, status: int, body: bytes, headers: Iterable[tuple[bytes, bytes]] = ()) -> None:
-    start: dict[str, Any] = {
-        "type": "http.response.start",
-        "status": status,
-        "headers": [(b"content-length", str(len(body)).encode()), *headers],
-    }
-    if status != 200:
-        start["headers"].append((b"content-type", b"text/plain; charset=utf-8"))
-    await send(start)
-    await send({"type": "http.response.body", "body": body})
+        if self._scrapes is None:
+            answer = _Answer(404, b"metrics are served on their own port here (serve --metrics HOST:PORT)\n")
+        else:
+            headers = {name.decode("latin-1").lower(): value.decode("latin-1") for name, value in scope["headers"]}
+            answer = await anyio.to_thread.run_sync(self._scrapes.answer, scope["method"], scope["path"], headers)
+        encoded = [(name.encode("latin-1"), value.encode("latin-1")) for name, value in answer.header_list()]
+        await send({"type": "http.response.start", "status": answer.status, "headers": encoded})
+        await send({"type": "http.response.body", "body": answer.body})
 
 
 class _ThreadingServer(ThreadingMixIn, WSGIServer):
@@ -140,11 +152,12 @@ class _QuietHandler(WSGIRequestHandler):
 class MetricsServer:
     """``/metrics`` on a port of its own (port 0: a free one), served by a thread from :meth:`start` until
     :meth:`close`; binding fails at once (:class:`OSError`) when the port is taken. Whether its host may be
-    reached without a token is the caller's to check (:func:`~sandbox_runtime.mcp.transports.check_exposure`)."""
+    reached without a token is the caller's to check
+    (:func:`~sandbox_runtime.mcp.transports.check_metrics_exposure`)."""
 
     def __init__(self, host: str, port: int, token: str | None) -> None:
         self._token = token
-        self._served: tuple[CollectorRegistry, RuntimeMetrics, Collection[str] | None] | None = None
+        self._scrapes: _Scrapes | None = None
         self.host = host.strip("[]")
         kind = _ThreadingServer6 if ":" in self.host else _ThreadingServer
         self._server = make_server(self.host, port, self._app, server_class=kind, handler_class=_QuietHandler)
@@ -158,7 +171,7 @@ class MetricsServer:
     def start(self, metrics: RuntimeMetrics, allowed_hosts: Collection[str] | None) -> None:
         """Serve ``metrics`` (and this process's) from now on, to requests whose Host is one of ``allowed_hosts``
         (None: any; :func:`~sandbox_runtime.mcp.transports.allowed_hosts`)."""
-        self._served = exposition_registry(metrics), metrics, allowed_hosts
+        self._scrapes = _Scrapes(metrics, self._token, allowed_hosts)
         self._thread.start()
 
     def close(self) -> None:
@@ -168,18 +181,8 @@ class MetricsServer:
         self._server.server_close()
 
     def _app(self, environ: dict[str, Any], start_response: Callable[..., Any]) -> list[bytes]:
-        assert self._served is not None  # noqa: S101  (requests are served after start only)
-        registry, metrics, hosts = self._served
-        if hosts is not None and environ.get("HTTP_HOST") not in hosts:
-            start_response("421 Misdirected Request", [("Content-Type", "text/plain; charset=utf-8")])
-            return [_MISDIRECTED]
-        if environ.get("PATH_INFO") != METRICS_PATH:
-            start_response("404 Not Found", [("Content-Type", "text/plain; charset=utf-8")])
-            return [b"only /metrics is served here\n"]
-        if not _authorized(environ.get("HTTP_AUTHORIZATION"), self._token):
-            metrics.auth_failures.labels("401").inc()
-            start_response("401 Unauthorized", [("WWW-Authenticate", "Bearer")])
-            return [b"a bearer token is required\n"]
-        body, content_type = _exposition(registry, environ.get("HTTP_ACCEPT", ""))
-        start_response("200 OK", [("Content-Type", content_type), ("Content-Length", str(len(body)))])
-        return [body]
+        assert self._scrapes is not None  # noqa: S101  (requests are served after start only)
+        headers = {name[5:].lower(): str(value) for name, value in environ.items() if name.startswith("HTTP_")}
+        answer = self._scrapes.answer(environ.get("REQUEST_METHOD", ""), environ.get("PATH_INFO", ""), headers)
+        start_response(f"{answer.status} {HTTPStatus(answer.status).phrase}", answer.header_list())
+        return [answer.body]

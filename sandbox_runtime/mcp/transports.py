@@ -33,7 +33,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from sandbox_runtime.errors import PolicyError
 from sandbox_runtime.mcp.auth import AuthRefusalAudit, JwtVerifier
-from sandbox_runtime.mcp.metrics_http import METRICS_TOKEN_VARIABLE, MetricsEndpoint, exposition_registry
+from sandbox_runtime.mcp.metrics_http import METRICS_TOKEN_VARIABLE, MetricsEndpoint
 from sandbox_runtime.mcp.server import McpService
 from sandbox_runtime.mcp.shutdown import RefuseWhileStopping, serve_until_signalled
 from sandbox_runtime.policy import McpPolicy
@@ -261,9 +261,8 @@ def _with_metrics(
     app: ASGIApp, service: McpService, token: str | None, security: TransportSecuritySettings, *, served: bool
 ) -> MetricsEndpoint:
     """``/metrics`` in front of ``app``, with the same Host check as the MCP endpoint's."""
-    metrics = service.runtime.metrics
     hosts = _hosts_of(security)
-    return MetricsEndpoint(app, metrics, exposition_registry(metrics), token=token, served=served, allowed_hosts=hosts)
+    return MetricsEndpoint(app, service.runtime.metrics, token=token, served=served, allowed_hosts=hosts)
 
 
 def allowed_hosts(host: str, port: int, *, bound_address: str | None = None) -> list[str] | None:

@@ -93,7 +93,7 @@ class Admission:
     ) -> None:
         self.policy = policy
         self._disk_used = disk_used
-        self._metrics = metrics
+        self._metrics = metrics if metrics is not None else RuntimeMetrics()  # counted, if nobody reads them
         self._clock = clock
         self._lock = threading.Lock()
         self._running: dict[str, int] = {}
@@ -112,11 +112,9 @@ class Admission:
             with span("admission.wait"):
                 admitted = self._wait_for_turn(tenant, control)
         except AdmissionRefused:
-            if self._metrics is not None:
-                self._metrics.admission_refused.inc()
+            self._metrics.admission_refused.inc()
             raise
-        if self._metrics is not None:
-            self._metrics.admission_wait_seconds.observe(admitted.waited_s)
+        self._metrics.admission_wait_seconds.observe(admitted.waited_s)
         if admitted.cancelled:
             yield admitted
             return

@@ -178,7 +178,8 @@ class CallRunner:
         approver: Approver | None = None,
         clock: Callable[[], float] = time.time,
         audit: AuditLog | None = None,
-        metrics: RuntimeMetrics | None = None,
+        *,
+        metrics: RuntimeMetrics,
     ) -> None:
         self.policy = policy
         self.tools = tools
@@ -235,7 +236,7 @@ class CallRunner:
             )
             judged = judgement(self.policy.approval, approver or self.approver, request)
             self._audit_judgement(request, judged, sent)
-            if self.metrics is not None and (judged.asked or judged.refusal is not None):
+            if judged.asked or judged.refusal is not None:
                 decision = "refused" if not judged.asked else "allowed" if judged.refusal is None else "denied"
                 self.metrics.approvals.labels(decision).inc()
             refusal = judged.refusal

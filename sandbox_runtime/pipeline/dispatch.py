@@ -45,7 +45,7 @@ from sandbox_runtime.pipeline.call import (
     stored_result,
 )
 from sandbox_runtime.pipeline.claims import CallClaimer, check_call_id
-from sandbox_runtime.pipeline.observed import observe_call, observed_call
+from sandbox_runtime.pipeline.observed import observed_call
 from sandbox_runtime.pipeline.script_tools import PipelineScriptTools
 from sandbox_runtime.policy import Policy
 from sandbox_runtime.spill.budget import BudgetCandidate, BudgetDecision, plan_turn_budget
@@ -77,7 +77,7 @@ class Dispatcher:
         *,
         lease_id: str,
         admission: Admission | None = None,
-        metrics: RuntimeMetrics | None = None,
+        metrics: RuntimeMetrics,
     ) -> None:
         self.state = state
         self.claimer = CallClaimer(state, lease_id, policy.state.call_wait_s)
@@ -252,11 +252,7 @@ class Dispatcher:
                         self._admitted(call, tenant, item.arguments, approver, control)
                     self._spill_or_fault(call)
             except BaseException as exc:  # raised once the others of the turn are decided
-                if self.metrics is not None:
-                    observe_call(call, self.metrics, raised=exc)
                 return exc
-            if self.metrics is not None:
-                observe_call(call, self.metrics)
             return call
 
         if sum(isinstance(item, ToolCall) and item.call_id not in stored for item in items) <= 1:
@@ -381,8 +377,7 @@ class Dispatcher:
         decision = plan_turn_budget(
             candidates, budget_chars=self.policy.spill.turn_budget_chars, floor_chars=self.policy.spill.turn_floor_chars
         )
-        if self.metrics is not None and decision.replace:
-            self.metrics.budget_replacements.inc(len(decision.replace))
+        self.metrics.budget_replacements.inc(len(decision.replace))
         for i in decision.replace:
             call = fresh[ids[i]]
             call.replaced = True

@@ -33,7 +33,7 @@ from sandbox_runtime.telemetry.tracing import (
 if TYPE_CHECKING:
     from sandbox_runtime.pipeline.call import Call
 
-__all__ = ["observe_call", "observed_call"]
+__all__ = ["observed_call"]
 
 INFRASTRUCTURE = "infrastructure"  # the status of a call an infrastructure failure ended (it raised)
 REFUSED = "refused"  # the status of a call admission refused (it raised AdmissionRefused)
@@ -42,8 +42,9 @@ _EXPORT_TABLE = "export_table"
 
 
 @contextlib.contextmanager
-def observed_call(call: Call, tenant: str, metrics: RuntimeMetrics | None) -> Iterator[None]:
-    """The call's span and log fields around its run and spill; counted in flight meanwhile."""
+def observed_call(call: Call, tenant: str, metrics: RuntimeMetrics) -> Iterator[None]:
+    """The call's span and log fields around its run and spill, counted in flight meanwhile; counted (once its
+    result is saved) when the block ends, or raises."""
     key = call.ctx.conversation_id
     operation = "execute_tool" if isinstance(call.item, ToolCall) else "take_result"  # a host's own tool's
     with (
@@ -60,13 +61,15 @@ def observed_call(call: Call, tenant: str, metrics: RuntimeMetrics | None) -> It
                     ATTR_TENANT: tenant,
                 }
             )
-        if metrics is not None:
-            metrics.calls_in_flight.inc()
+        metrics.calls_in_flight.inc()
         try:
             yield
+        except BaseException as exc:
+            _count(call, metrics, raised=exc)
+            raise
         finally:
-            if metrics is not None:
-                metrics.calls_in_flight.dec()
+            metrics.calls_in_flight.dec()
+        _count(call, metrics)
         if current.is_recording():
             current.set_attribute(ATTR_CALL_STATUS, call.status)
             if call.target and call.target != call.item.tool:
@@ -76,7 +79,7 @@ def observed_call(call: Call, tenant: str, metrics: RuntimeMetrics | None) -> It
                 failed(current, call.failure)
 
 
-def observe_call(call: Call, metrics: RuntimeMetrics, *, raised: BaseException | None = None) -> None:
+def _count(call: Call, metrics: RuntimeMetrics, *, raised: BaseException | None = None) -> None:
     """Count a call that ran (or a host's result taken in: only its spill), once its result is saved; ``raised``:
     what ended it instead (the call raised): ``refused`` when admission refused it (its tenant's share is full),
     else ``infrastructure`` (the engine, a sandbox, the state)."""

@@ -75,7 +75,7 @@ class SandboxManager:
         canary_folder: Callable[[], AbstractContextManager[ResultsFolder]],
         extra_labels: dict[str, str] | None = None,
         clock: Callable[[], float] = time.time,
-        metrics: RuntimeMetrics | None = None,
+        metrics: RuntimeMetrics,
     ) -> None:
         self.backend = backend
         self.metrics = metrics
@@ -174,13 +174,9 @@ class SandboxManager:
             try:
                 info = self.backend.create_and_start(self._spec(folder, labels))
             except BaseException:
-                if self.metrics is not None:
-                    self.metrics.sandbox_start_failures.labels(self.metrics.backend).inc()
+                self.metrics.sandbox_start_failures.labels(self.metrics.backend).inc()
                 raise
-            if self.metrics is not None:
-                self.metrics.sandbox_start_seconds.labels(self.metrics.backend, purpose).observe(
-                    time.monotonic() - began
-                )
+            self.metrics.sandbox_start_seconds.labels(self.metrics.backend, purpose).observe(time.monotonic() - began)
         if hold_for is not None:
             self.records.leases.hold(self.lease.id, hold_for, self.digest, now, container_id=info.id)
         if info.warnings:

@@ -119,9 +119,9 @@ class _Gauges(Collector):
 class RuntimeMetrics(Collector):
     """Every metric of one runtime (see the module text, and ``docs/observability.md`` for the list)."""
 
-    def __init__(self, *, tools: Collection[str] = (), backend: str = "", runtime: str = "") -> None:
+    def __init__(self, *, tools: Collection[str] = (), backend: str = "") -> None:
         self.registry = CollectorRegistry(auto_describe=True)
-        self.backend, self.runtime = backend, runtime
+        self.backend = backend
         self._tools = tools  # the runtime's own mapping: tools it registers later are known too
         r = self.registry
         self.calls = Counter(

@@ -1,5 +1,5 @@
-"""The runtime's OpenTelemetry spans: one tracer, the names of the attributes it sets, and the context carried
-into the threads a call runs in.
+"""The runtime's OpenTelemetry spans: one tracer and the names of the attributes it sets (the threads a call runs
+in take the caller's context, its current span with it: :class:`~sandbox_runtime.workers.Workers`).
 
 The runtime only uses the OpenTelemetry API: without an SDK's tracer provider (``serve`` installs one when the
 ``OTEL_*`` variables ask for an exporter, :mod:`~sandbox_runtime.telemetry.export`; a host installs its own) every
@@ -24,10 +24,9 @@ The spans of one call (parents first)::
 from __future__ import annotations
 
 import contextlib
-import contextvars
 import hashlib
-from collections.abc import Callable, Iterator
-from typing import Any, ParamSpec, TypeVar
+from collections.abc import Iterator
+from typing import Any
 
 from opentelemetry import trace
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode
@@ -42,16 +41,12 @@ __all__ = [
     "ATTR_TENANT",
     "ATTR_TOOL",
     "Span",
-    "carried",
     "conversation_hash",
     "failed",
     "span",
     "trace_id",
     "tracer",
 ]
-
-P = ParamSpec("P")
-R = TypeVar("R")
 
 tracer = trace.get_tracer("sandbox_runtime")
 
@@ -100,14 +95,3 @@ def trace_id() -> str | None:
     """The current trace's id (32 hex digits), None outside a recorded span: what a log line carries."""
     context = trace.get_current_span().get_span_context()
     return format(context.trace_id, "032x") if context.is_valid else None
-
-
-def carried(fn: Callable[P, R]) -> Callable[P, R]:
-    """``fn`` to run in another thread with the caller's context (its current span, the log fields): a thread of
-    a pool starts with an empty one."""
-    context = contextvars.copy_context()
-
-    def run(*args: P.args, **kwargs: P.kwargs) -> R:
-        return context.copy().run(fn, *args, **kwargs)
-
-    return run
