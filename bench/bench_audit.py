@@ -1,6 +1,6 @@
 """What the tenant machinery adds to a warm call: the audit entry and the quota look, beside the call itself.
 
-Run from the repository root (Docker running; PostgreSQL installed: ``scripts/setup.sh``)::
+Run from the repository root (Docker running; PostgreSQL installed: ``scripts/setup-dev.sh``)::
 
     .venv/bin/python bench/bench_audit.py [--repeat 200]
     .venv/bin/python bench/bench_audit.py --quick     # a smoke run

@@ -1,6 +1,6 @@
 """Replicas on one PostgreSQL state beside one server on SQLite: calls per second and warm latency, side by side.
 
-Run from the repository root (PostgreSQL must be installed: ``scripts/setup.sh``)::
+Run from the repository root (PostgreSQL must be installed: ``scripts/setup-dev.sh``)::
 
     .venv/bin/python bench/bench_replicas.py [--conversations 6] [--rounds 10] [--repeat 10] [--fresh-connections]
     .venv/bin/python bench/bench_replicas.py --quick     # a smoke run, well under a minute

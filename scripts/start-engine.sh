@@ -3,7 +3,7 @@
 # registered with no network and Docker's seccomp profile enforced inside its sandbox too), no default bridge
 # network and no iptables (sandboxes never need one); its pid is in /var/run/docker.pid, its log in
 # /var/log/sandbox-runtime-dockerd.log. Waits up to 60 s for the engine to answer. scripts/setup.sh calls this
-# once docker.io and runsc are installed; the engine-restart tests call it to start the engine again.
+# once docker.io is installed; the engine-restart tests call it to start the engine again.
 set -euo pipefail
 
 log() { printf '[start-engine] %s\n' "$*" >&2; }

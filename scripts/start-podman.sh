@@ -4,7 +4,7 @@
 # own containers.conf (no network namespace by default, so nothing ever gets a bridge; ulimits a process with no
 # capabilities may take). Its pid is in $run_dir/sandbox-runtime-podman.pid, its log in
 # /var/log/sandbox-runtime-podman.log (rootless: beside the socket). Waits up to 30 s for the service to answer.
-# scripts/setup.sh calls this once podman is installed.
+# scripts/setup-dev.sh calls this once podman is installed.
 set -euo pipefail
 
 log() { printf '[start-podman] %s\n' "$*" >&2; }

@@ -1,6 +1,6 @@
 """Helpers for the tests that drive ``sandbox-runtime serve`` with third-party MCP clients.
 
-Each client lives where it installs (``scripts/setup.sh`` puts them there): pydantic-ai beside the project in
+Each client lives where it installs (``scripts/setup-dev.sh`` puts them there): pydantic-ai beside the project in
 ``.venv`` (else ``.venv-pydantic-ai``), LangChain's adapter in ``.venv-langchain`` (it pins ``mcp<2``), the MCP
 Inspector in ``.npm-tools``. A client in another environment runs one of the driver scripts of
 ``tests/clients/`` as a subprocess, which prints its report as JSON. A missing environment skips its test, except
@@ -42,7 +42,7 @@ REPO = Path(__file__).resolve().parents[1]
 LANGCHAIN_PYTHON = REPO / ".venv-langchain" / "bin" / "python"
 PYDANTIC_AI_PYTHON = REPO / ".venv-pydantic-ai" / "bin" / "python"
 INSPECTOR = REPO / ".npm-tools" / "node_modules" / ".bin" / "mcp-inspector"
-SETUP_HINT = "run scripts/setup.sh"
+SETUP_HINT = "run scripts/setup-dev.sh"
 DRIVER_TIMEOUT_S = 300.0
 CALL_TIMEOUT_S = 120.0
 WALKED_TOOLS = ["sql_query", "export_table", "attach_file", "run_python", "run_python", "run_python", "read_file"]

@@ -76,7 +76,7 @@ class PostgresCluster(StartedInBlock):
         server's user must be able to traverse."""
         bin_dir = postgres_bin_dir()
         if bin_dir is None:
-            raise RuntimeError("PostgreSQL is not installed: run scripts/setup.sh")
+            raise RuntimeError("PostgreSQL is not installed: run scripts/setup-dev.sh")
         self.bin_dir = bin_dir
         self.password = secrets.token_urlsafe(24)
         self.port = free_port()
@@ -252,7 +252,7 @@ def postgres_cluster() -> Iterator[PostgresCluster]:
     """One private PostgreSQL server for the test session. Without PostgreSQL the test is skipped, or fails when
     ``CI`` is set (CI must never pass without these tests)."""
     if postgres_bin_dir() is None:
-        message = "PostgreSQL is not installed: run scripts/setup.sh"
+        message = "PostgreSQL is not installed: run scripts/setup-dev.sh"
         if os.environ.get("CI"):
             pytest.fail(message)
         pytest.skip(message)

@@ -56,7 +56,7 @@ def debian_binary(path: Path) -> Path:
     """``path``, a program of Debian's prometheus package; when it is missing, skip the test, or fail it when
     ``CI`` is set."""
     if not os.access(path, os.X_OK):
-        message = f"{path.name} is not installed ({path}): run scripts/setup.sh"
+        message = f"{path.name} is not installed ({path}): run scripts/setup-dev.sh"
         if os.environ.get("CI"):
             pytest.fail(message)
         pytest.skip(message)

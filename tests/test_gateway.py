@@ -1,6 +1,6 @@
 """The gateway in front of real upstream MCP servers.
 
-- mcp-server-sqlite and mcp-server-time from PyPI, installed by scripts/setup.sh into .venv-upstream (they are
+- mcp-server-sqlite and mcp-server-time from PyPI, installed by scripts/setup-dev.sh into .venv-upstream (they are
   built on the 1.x SDK); without them those tests skip on a developer's machine and fail in CI;
 - tests/upstreams/sdk_upstream.py, built on the 2.x SDK of this venv: the SDK's ``{"result": ...}`` wrapper, an
   output schema of its own, an image, progress and cancellation;
@@ -58,10 +58,10 @@ ROWS = 2000
 MARKER_WAIT_S = 30.0
 
 if not (SQLITE_SERVER.exists() and TIME_SERVER.exists()) and os.environ.get("CI"):
-    raise RuntimeError(f"the upstream MCP servers are missing in {UPSTREAM_BIN}: scripts/setup.sh installs them")
+    raise RuntimeError(f"the upstream MCP servers are missing in {UPSTREAM_BIN}: scripts/setup-dev.sh installs them")
 pypi_upstreams = pytest.mark.skipif(
     not (SQLITE_SERVER.exists() and TIME_SERVER.exists()),
-    reason="upstream MCP servers not installed (run scripts/setup.sh)",
+    reason="upstream MCP servers not installed (run scripts/setup-dev.sh)",
 )
 
 INSERT_SCRIPT = """\

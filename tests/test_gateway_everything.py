@@ -1,6 +1,6 @@
 """The reference MCP server, ``@modelcontextprotocol/server-everything`` (Node, from npm), behind the gateway.
 
-scripts/setup.sh installs it into .npm-tools. An MCP client (the SDK's own) drives ``sandbox-runtime serve
+scripts/setup-dev.sh installs it into .npm-tools. An MCP client (the SDK's own) drives ``sandbox-runtime serve
 --upstream everything=...`` and sees what the upstream sent, in the form this server gives it: images and
 embedded resources saved as files of the conversation's results folder (same bytes) and linked, annotations
 kept, the upstream's own resource links and structured results passed on, its progress heard during a call.
@@ -27,8 +27,8 @@ EVERYTHING = Path(__file__).resolve().parent.parent / ".npm-tools" / "node_modul
 
 if not EVERYTHING.exists():
     if os.environ.get("CI"):
-        raise RuntimeError(f"{EVERYTHING} is missing: scripts/setup.sh installs it")
-    pytest.skip("server-everything is not installed (run scripts/setup.sh)", allow_module_level=True)
+        raise RuntimeError(f"{EVERYTHING} is missing: scripts/setup-dev.sh installs it")
+    pytest.skip("server-everything is not installed (run scripts/setup-dev.sh)", allow_module_level=True)
 
 SAVED = re.compile(
     r"\[(?P<what>[^\]]*?) saved as (?P<path>/mnt/results/spill/\S+): (?P<mime>\S+), (?P<bytes>[\d,]+) bytes\]"

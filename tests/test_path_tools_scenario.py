@@ -121,7 +121,7 @@ def test_an_xlsx_of_chosen_renamed_sorted_rows_matches_the_source_in_openpyxl_an
 
     soffice = shutil.which("soffice") or shutil.which("libreoffice")
     if soffice is None:
-        pytest.fail("LibreOffice is not installed (scripts/setup.sh installs libreoffice-calc-nogui)")
+        pytest.fail("LibreOffice is not installed (scripts/setup-dev.sh installs libreoffice-calc-nogui)")
     profile = tmp_path / "lo-profile"
     converted = subprocess.run(
         [

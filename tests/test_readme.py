@@ -55,5 +55,5 @@ def test_ci_runs_the_readme_commands() -> None:
     ci = (README.parent / ".ci" / "run").read_text(encoding="utf-8")
     assert "<!-- test-command -->" in ci
     assert "<!-- main-command -->" in ci
-    assert block_after("<!-- test-command -->").strip() == "bash scripts/setup.sh && .venv/bin/pytest"
+    assert block_after("<!-- test-command -->").strip() == "bash scripts/setup-dev.sh && .venv/bin/pytest"
     assert "sandbox-runtime demo" in block_after("<!-- main-command -->")

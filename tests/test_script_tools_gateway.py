@@ -1,6 +1,6 @@
 """A script calls an upstream MCP server's tools through the gateway, asked for approval by the MCP client's user.
 
-The upstream is the reference server ``@modelcontextprotocol/server-everything`` (from npm; scripts/setup.sh
+The upstream is the reference server ``@modelcontextprotocol/server-everything`` (from npm; scripts/setup-dev.sh
 installs it into .npm-tools); the client is the MCP SDK's own, in front of ``sandbox-runtime serve``. The user
 sees each of the script's calls with its real arguments and the script that made it, approves one and declines
 the other; the script reads the approved call's result and catches the declined one.
@@ -23,8 +23,8 @@ EVERYTHING = Path(__file__).resolve().parent.parent / ".npm-tools" / "node_modul
 
 if not EVERYTHING.exists():
     if os.environ.get("CI"):
-        raise RuntimeError(f"{EVERYTHING} is missing: scripts/setup.sh installs it")
-    pytest.skip("server-everything is not installed (run scripts/setup.sh)", allow_module_level=True)
+        raise RuntimeError(f"{EVERYTHING} is missing: scripts/setup-dev.sh installs it")
+    pytest.skip("server-everything is not installed (run scripts/setup-dev.sh)", allow_module_level=True)
 
 SCRIPT = """
 import sandbox_tools as tools
