@@ -12,10 +12,11 @@ import struct
 import threading
 import time
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import pytest
 
-from sandbox_runtime.sandbox.backend import RunRequest
+from sandbox_runtime.sandbox.backend import RunRequest, ScriptCalls
 from sandbox_runtime.sandbox.exec_stream import Watch
 from sandbox_runtime.sandbox.executor_channel import Channel, Exchange
 
@@ -51,7 +52,9 @@ def pair() -> Iterator[tuple[socket.socket, socket.socket]]:
     executor.close()
 
 
-def _exchange(pair: tuple[socket.socket, socket.socket], answer: Executor) -> Exchange:
+def _exchange(
+    pair: tuple[socket.socket, socket.socket], answer: Executor, calls: ScriptCalls | None = None
+) -> Exchange:
     host, executor = pair
 
     def serve() -> None:
@@ -69,7 +72,7 @@ def _exchange(pair: tuple[socket.socket, socket.socket], answer: Executor) -> Ex
     thread = threading.Thread(target=serve)
     thread.start()
     try:
-        return channel.run(REQUEST, _deadline(), _watch(), None)
+        return channel.run(REQUEST, _deadline(), _watch(), None, calls)
     finally:
         thread.join(timeout=10)
 
@@ -152,3 +155,50 @@ def test_a_stream_that_ends_before_started_says_the_run_never_began(
 ) -> None:
     exchange = _exchange(pair, lambda nonce: [])
     assert (exchange.stop, exchange.started) == ("eof", False)
+
+
+class _Calls:
+    """The run's tool calls as the host's side answers them: every line kept, each answered ok."""
+
+    line_max_bytes = 1024
+
+    def __init__(self) -> None:
+        self.lines: list[bytes | None] = []
+
+    def answer(self, line: bytes | None) -> dict[str, Any]:
+        self.lines.append(line)
+        return {"ok": True, "result": len(self.lines)}
+
+
+CALL_LINE = b'{"id": 1, "op": "call", "tool": "note", "arguments": {}}\n'
+
+
+@pytest.mark.parametrize(
+    "end",
+    [
+        pytest.param(lambda nonce: _done(nonce, "exited 3 - - keep -"), id="the-run-exits"),
+        pytest.param(lambda nonce: _frame(b"O", b"z" * (REQUEST.host_caps[0] + 1)), id="the-run-passes-the-hosts-cap"),
+    ],
+)
+def test_a_call_the_run_completed_in_the_same_read_as_its_end_is_made(
+    pair: tuple[socket.socket, socket.socket], end: Callable[[str], bytes]
+) -> None:
+    calls = _Calls()
+
+    def answer(nonce: str) -> list[bytes]:  # one write: the host takes the call and the end in one read
+        return [_mux(_frame(b"S", nonce.encode()) + _frame(b"C", CALL_LINE) + end(nonce))]
+
+    exchange = _exchange(pair, answer, calls)
+    assert exchange.stop in ("done", "cap")
+    assert calls.lines == [CALL_LINE.rstrip(b"\n")]  # made exactly as if the run had waited for its reply
+
+
+def test_a_call_line_the_run_left_unfinished_at_its_end_is_not_made(pair: tuple[socket.socket, socket.socket]) -> None:
+    calls = _Calls()
+
+    def answer(nonce: str) -> list[bytes]:
+        return [_mux(_frame(b"S", nonce.encode()) + _frame(b"C", CALL_LINE[:20]) + _done(nonce))]
+
+    exchange = _exchange(pair, answer, calls)
+    assert exchange.stop == "done"
+    assert calls.lines == []  # no newline: the run never finished writing it

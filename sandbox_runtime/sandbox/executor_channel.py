@@ -12,6 +12,9 @@ line is handed to the run's :class:`~sandbox_runtime.sandbox.backend.ScriptCalls
 its ``line_max_bytes`` is not kept: it is answered as too long), in this thread, while the run's deadline stands
 still; the answer goes back as a ``reply`` line, written without blocking (the executor may be busy writing the
 run's output, which this loop goes on reading). A reply the executor cannot take in time ends the channel.
+Every line the run completed before its end (``D``, or the host's output cap) is answered, however the frames
+fell into reads: a call the run sent and did not wait for is made all the same (the executor drops a reply that
+comes after its run). Only a broken channel answers nothing more.
 """
 
 from __future__ import annotations
@@ -161,14 +164,15 @@ class Channel:
                 frames = self._read(min(left, _WATCH_INTERVAL_S), outbox)
                 if frames is None:
                     return state.exchange("eof")
-                for kind, payload in frames:
-                    stop = state.take(kind, payload)
-                    if stop is not None:
-                        self.last_used = time.monotonic()
-                        if not outbox.flush(_FLUSH_WAIT_S) and state.done is not None:
-                            state.done = state.done._replace(keep=False)  # a reply cut short: not reused
-                        return state.exchange(stop)
+                stop = state.take_all(frames)
+                # the call lines the run completed before its end are made as if it had waited for them, whether
+                # the end came in a later read or in this one
                 deadline += self._answer(state, outbox, calls)
+                if stop is not None:
+                    self.last_used = time.monotonic()
+                    if not outbox.flush(_FLUSH_WAIT_S) and state.done is not None:
+                        state.done = state.done._replace(keep=False)  # a reply cut short: not reused
+                    return state.exchange(stop)
             except _Broken:
                 return state.exchange("broken")
 
@@ -283,6 +287,15 @@ class _Reading:
         self.totals = [0, 0]
         self.over_cap: Literal["stdout", "stderr"] | None = None
         self.cancelled = False
+
+    def take_all(self, frames: list[tuple[bytes, bytes]]) -> Stop | None:
+        """Take frames in order up to the first that makes a stop (the rest of the read is not the run's); that
+        stop, if any."""
+        for kind, payload in frames:
+            stop = self.take(kind, payload)
+            if stop is not None:
+                return stop
+        return None
 
     def take(self, kind: bytes, payload: bytes) -> Stop | None:
         """Take one frame; the stop it makes, if any. A frame the executor does not send raises _Broken."""
