@@ -480,7 +480,8 @@ class Policy(_Model):
         return policy_from_mapping(_merged(self.model_dump(mode="json"), changes), source)
 
     def digest(self) -> str:
-        """A short, stable hash of every value; carried as a container label."""
+        """A short, stable hash of every value (``doctor`` shows it). Sandboxes carry another, of what shapes them
+        alone: :func:`sandbox_runtime.sandbox.profile.sandbox_identity`."""
         canonical = json.dumps(self.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(canonical.encode()).hexdigest()[:16]
 

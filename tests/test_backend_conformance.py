@@ -26,6 +26,7 @@ from sandbox_runtime.sandbox.profile import (
     LABEL_RUNTIME,
     LABEL_STATE_DIR,
     code_user,
+    sandbox_identity,
 )
 from sandbox_runtime.state.location import STATE_FILE, STATE_URL_FILE
 from sandbox_runtime.tools.run_python import RunPythonResult, run_python
@@ -150,7 +151,7 @@ def test_a_sandbox_carries_the_runtimes_labels_and_is_found_by_them(subject: Sub
     assert info.id == sandbox.container_id
     assert info.running
     assert info.labels[LABEL_STATE_DIR] == str(runtime.state_dir.resolve())
-    assert info.labels[LABEL_POLICY] == subject.policy.digest()
+    assert info.labels[LABEL_POLICY] == sandbox_identity(subject.policy, runtime.manager.image)  # what shapes it
     assert LABEL_CREATED_AT in info.labels
     inspected = subject.backend.inspect(sandbox.container_id)
     assert inspected is not None

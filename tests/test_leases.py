@@ -41,13 +41,6 @@ sys.stdin.read()  # held until the test kills this process
 """
 
 
-def _serve_like(tmp_path: Path) -> Policy:
-    """The default policy with a flag laid on top, the way ``serve --database`` makes its policy."""
-    database = tmp_path / "served.sqlite3"
-    sqlite3.connect(database).close()
-    return load_policy("default").changed({"sql": {"database_path": str(database)}}, "default with --database")
-
-
 def _smaller_memory() -> Policy:
     return load_policy("default").changed({"sandbox": {"limits": {"memory_bytes": 256 * MiB}}}, "smaller memory")
 
@@ -118,8 +111,8 @@ def test_gc_under_another_policy_leaves_a_live_runtimes_sandbox_alone_until_it_c
         assert conversation.run_python("open('/mnt/results/kept.txt', 'w').write('kept')").status == "ok"
         container = conversation.sandbox().container_id
         # its start-up sweep leaves it alone too
-        second = runtime_factory(_serve_like(tmp_path), state_dir=state, state_url=state_url)
-        assert second.policy.digest() != first.policy.digest()
+        second = runtime_factory(_smaller_memory(), state_dir=state, state_url=state_url)
+        assert second.manager.digest != first.manager.digest  # its sandboxes would be shaped otherwise
         assert container not in _ids(second.gc())
         assert container not in _ids(second.conversations.sweep())
         assert container not in _ids(second.conversations.reap())
@@ -130,7 +123,7 @@ def test_gc_under_another_policy_leaves_a_live_runtimes_sandbox_alone_until_it_c
         first.state.leases.unhold_container(first.manager.lease.id, "shared")  # as between its start and its claim
         assert container not in _ids(second.gc())  # the label names the live process that started it
         first.state.leases.hold(
-            first.manager.lease.id, "shared", first.policy.digest(), real_clock(), container_id=container
+            first.manager.lease.id, "shared", first.manager.digest, real_clock(), container_id=container
         )
         info = second.backend.inspect(container)
         assert info is not None

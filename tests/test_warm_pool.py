@@ -19,7 +19,13 @@ from sandbox_runtime.api.runtime import Conversation, Runtime
 from sandbox_runtime.policy import Policy, load_policy
 from sandbox_runtime.sandbox.backend import ContainerInfo, SandboxBackend
 from sandbox_runtime.sandbox.docker.backend import DockerBackend
-from sandbox_runtime.sandbox.profile import LABEL_CONVERSATION, LABEL_POLICY, LABEL_POOL_SLOT, LABEL_STATE_DIR
+from sandbox_runtime.sandbox.profile import (
+    LABEL_CONVERSATION,
+    LABEL_POLICY,
+    LABEL_POOL_SLOT,
+    LABEL_STATE_DIR,
+    sandbox_identity,
+)
 from sandbox_runtime.store.quota import attached_loop_images
 from tests.conftest import SESSION, TEST_LABEL, RuntimeFactory, mounts_under
 
@@ -223,6 +229,8 @@ def test_the_pool_of_a_killed_process_is_swept_with_its_slots_and_a_new_policy_g
     assert all(docker_backend.inspect(i) is None for i in old)
     assert not (state / "pool" / lease).exists()
     assert mounts_under(state / "pool" / lease) == []
-    assert {c.labels[LABEL_POLICY] for c in _pooled(docker_backend, state)} == {changed.digest()}
+    assert {c.labels[LABEL_POLICY] for c in _pooled(docker_backend, state)} == {
+        sandbox_identity(changed, executor_image)
+    }
     assert successor.pool is not None
     assert successor.pool.ready() == 2

@@ -18,7 +18,13 @@ from sandbox_runtime.sandbox.kubernetes.manifests import (
     left_to_the_cluster,
     pod_manifests,
 )
-from sandbox_runtime.sandbox.profile import LABEL_CONVERSATION, LABEL_POLICY, LABEL_RUNTIME, container_spec
+from sandbox_runtime.sandbox.profile import (
+    LABEL_CONVERSATION,
+    LABEL_POLICY,
+    LABEL_RUNTIME,
+    container_spec,
+    sandbox_identity,
+)
 from sandbox_runtime.tenancy import validate_conversation_id
 
 __all__ = ["add_kube_parser"]
@@ -99,7 +105,7 @@ def cmd_kube_manifests(args: argparse.Namespace) -> int:
     labels = {
         **dict(args.label),
         LABEL_RUNTIME: "1",
-        LABEL_POLICY: policy.digest(),
+        LABEL_POLICY: sandbox_identity(policy, image),
         LABEL_CONVERSATION: conversation,
     }
     spec = container_spec(policy, image, policy.sandbox.results_mount_path, labels)

@@ -40,6 +40,7 @@ from sandbox_runtime.sandbox.profile import (
     LABEL_RUNTIME,
     LABEL_STATE_DIR,
     container_spec,
+    sandbox_identity,
 )
 from sandbox_runtime.sandbox.records import Removal, ResultsFolder, Sandbox, SandboxRecords
 from sandbox_runtime.sandbox.selfcheck import SelfCheckReport
@@ -87,7 +88,7 @@ class SandboxManager:
         self.host_lock = host_locks
         self.state_dir_label = str(Path(state_dir).resolve())
         self.base_labels = {LABEL_RUNTIME: "1", LABEL_STATE_DIR: self.state_dir_label, **(extra_labels or {})}
-        self.digest = policy.digest()
+        self.digest = sandbox_identity(policy, image)  # what shapes its sandboxes, not the whole policy
         self._known: dict[str, Sandbox] = {}
         self.lease: LeaseRecord = records.leases.open(self.digest)
         self._checks = SelfCheckGate(

@@ -9,6 +9,8 @@ holds it open) runs under a second non-root uid, so the code can neither signal 
 
 from __future__ import annotations
 
+import hashlib
+import json
 import re
 from collections.abc import Sequence
 from typing import Literal, cast
@@ -50,6 +52,7 @@ __all__ = [
     "run_by_exec",
     "run_request",
     "runner_command",
+    "sandbox_identity",
 ]
 
 LABEL_RUNTIME = "io.sandbox-runtime.managed"
@@ -229,3 +232,15 @@ def container_spec(policy: Policy, image: str, results_host_path: str, labels: d
         environment=exec_environment(policy),
         working_dir=policy.sandbox.results_mount_path,
     )
+
+
+def sandbox_identity(policy: Policy, image: str) -> str:
+    """A short, stable hash of what shapes a sandbox: the container :func:`container_spec` makes from ``policy``
+    and ``image`` (the image, its protections, limits, runtime, mounts and environment), less what differs per
+    conversation (labels, the results folder's host path). Carried as the ``LABEL_POLICY`` label: a sandbox is used
+    only by a runtime whose identity is the same. Settings that never reach the container (where a server listens,
+    how it authenticates, where its state lives, its telemetry, the tools' and spill's rules) leave it unchanged, so
+    replicas on other ports or hosts, and a restart on another port, share the conversations' sandboxes."""
+    spec = container_spec(policy, image, "", {})
+    canonical = json.dumps(spec.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(canonical.encode()).hexdigest()[:16]
