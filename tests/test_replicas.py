@@ -30,7 +30,7 @@ from mcp.client.streamable_http import streamable_http_client
 from sandbox_runtime.mcp.results import META_CALL_ID, META_REPLAYED
 from sandbox_runtime.state.location import STATE_URL_VARIABLE
 from tests.client_helpers import CALL_TIMEOUT_S, REPO, require
-from tests.conftest import RuntimeFactory
+from tests.conftest import FAKE_POLICY, RuntimeFactory
 from tests.mcp_helpers import request_meta, run_bounded, serve_command, serve_process, text_of
 from tests.postgres_cluster import PostgresCluster
 from tests.test_mcp_tasks import DRIVER_TIMEOUT_S, SDK, last_report, node_driver
@@ -221,6 +221,58 @@ def test_the_database_going_away_is_a_tool_error_naming_it_and_serving_resumes_w
             postgres_cluster.start()
             assert "after" in text_of(call(only, "print('after')", "after"))  # the same replica, by itself
             assert replayed(call(only, "print('before')", "before"))
+    finally:
+        postgres_cluster.start()
+        fake_runtime_factory(state_dir=state, state_url=postgres_url)
+
+
+GATED = (  # a run that goes on until the test lets it end (its gate file exists), then says how often it ran
+    "import os, time\nopen('{name}.txt', 'a').write('ran\\n')\ndeadline = time.time() + 60\n"
+    "while not os.path.exists('{name}.go') and time.time() < deadline:\n    time.sleep(0.01)\n"
+    "print('runs so far:', len(open('{name}.txt').readlines()))"
+)
+
+
+def fails_as_the_database_goes_away(
+    cluster: PostgresCluster, replica: Replica, results: Path, name: str
+) -> types.CallToolResult:
+    """Run a gated call with the call id ``name`` on ``replica``; stop the database while it runs, then let it end.
+    Its answer (the database is still stopped)."""
+    with anyio.from_thread.start_blocking_portal() as portal:
+        answer = portal.start_task_soon(_call, replica.url, GATED.format(name=name), name)
+        deadline = time.monotonic() + WAIT_S
+        while not (results / f"{name}.txt").exists():  # the run is under way: its claim was taken
+            assert time.monotonic() < deadline, "the gated run never started"
+            time.sleep(0.02)
+        cluster.stop()
+        (results / f"{name}.go").touch()
+        return answer.result(timeout=WAIT_S)
+
+
+def test_a_call_in_flight_when_the_database_goes_away_is_run_by_its_retry_once_the_database_is_back(
+    postgres_cluster: PostgresCluster, postgres_url: str, fake_runtime_factory: RuntimeFactory, tmp_path: Path
+) -> None:
+    policy = tmp_path / "fake-short-lease.toml"
+    # the lease renewed (and the writes owed made) every second; a retry held up by a claim fails within 15 s
+    policy.write_text(f"{FAKE_POLICY}[state]\nlease_ttl_s = 3\ncall_wait_s = 15\n")
+    state = tmp_path / "state"
+    results = state / "conversations" / CONVERSATION / "results"
+    try:
+        with replicas(state, postgres_url, 2, policy=policy) as (one, two):
+            assert "ready" in text_of(call(one, "print('ready')", "ready"))  # the conversation's folder exists
+            for name, retried_on in (("retried-here", one), ("retried-elsewhere", two)):
+                failed = fails_as_the_database_goes_away(postgres_cluster, one, results, name)
+                assert failed.is_error
+                assert "StateUnavailable" in text_of(failed)
+                postgres_cluster.start()
+                # no decision was stored: the retry runs the call (on another replica once the first gave its claim
+                # back, which it owed the state while it was away); from then on, one answer
+                retried = call(retried_on, GATED.format(name=name), name)
+                assert not retried.is_error, text_of(retried)
+                assert "runs so far: 2" in text_of(retried)
+                again = call(two if retried_on is one else one, GATED.format(name=name), name)
+                assert replayed(again)
+                assert text_of(again) == text_of(retried)
     finally:
         postgres_cluster.start()
         fake_runtime_factory(state_dir=state, state_url=postgres_url)

@@ -24,6 +24,7 @@ from sandbox_runtime.models import CallRecord, StoredResult
 from sandbox_runtime.policy import McpPolicy, StatePolicy, policy_from_mapping
 from sandbox_runtime.state.database import SCHEMA_VERSION, StateDB
 from sandbox_runtime.state.location import STATE_URL_VARIABLE, open_engine, state_url
+from sandbox_runtime.state.tasks import TaskRecord
 from sandbox_runtime.workers import Workers
 from tests.postgres_cluster import PostgresCluster
 
@@ -232,6 +233,49 @@ def test_a_server_that_goes_away_is_state_unavailable_and_serving_resumes_when_i
         postgres_cluster.start()
         state.close()
     assert all(postgres_cluster.password not in record.getMessage() for record in caplog.records)
+
+
+@pytest.mark.postgresql
+def test_a_claim_and_a_task_the_server_was_away_for_are_settled_once_it_is_back(
+    postgres_cluster: PostgresCluster, postgres_url: str, tmp_path: Path
+) -> None:
+    state = StateDB(open_engine(tmp_path, postgres_url, StatePolicy(connect_timeout_s=1.0)))
+    other = StateDB(open_engine(tmp_path, postgres_url, StatePolicy(connect_timeout_s=1.0)))  # another replica
+    try:
+        mine, theirs = state.leases.open("p"), other.leases.open("p")
+        claim = state.claims.take("c1", "call-1", mine.id)
+        assert claim is not None
+        state.tasks.add(
+            TaskRecord(
+                task_id="t1",
+                conversation_id="c1",
+                lease_id=mine.id,
+                ttl_ms=60_000,
+                created_at=1.0,
+                updated_at=1.0,
+                status="working",
+            )
+        )
+        postgres_cluster.stop()  # the call and its task end while the server is away
+        with pytest.raises(StateUnavailable):
+            state.claims.give_back("c1", [claim])
+        with pytest.raises(StateUnavailable):
+            state.tasks.end("t1", "completed", None, b"{}", None)
+        with pytest.raises(StateUnavailable):
+            state.claims.take("c1", "call-2", mine.id)  # its insert never reached the server: owed all the same
+        assert len(state.owed) == 3
+        postgres_cluster.start()
+        assert other.claims.take("c1", "call-1", theirs.id) is None  # still held by a live runtime's attempt
+        state.owed.settle()  # what the runtime's lease job does (and its next claim)
+        assert len(state.owed) == 0
+        assert other.claims.take("c1", "call-1", theirs.id) is not None  # the retry runs
+        task = other.tasks.get("t1")
+        assert task is not None
+        assert (task.status, task.ended) == ("completed", True)
+    finally:
+        postgres_cluster.start()
+        state.close()
+        other.close()
 
 
 @pytest.mark.postgresql

@@ -183,7 +183,7 @@ class Runtime:
                 raise
         if warm_pool or (warm_pool is None and self.policy.pool.keep_in == "all"):
             self.start_warm_pool()
-        self.workers.every(self.policy.state.lease_ttl_s / 3, "lease", self.manager.renew_lease)
+        self.workers.every(self.policy.state.lease_ttl_s / 3, "lease", self._keep_lease)
         self.workers.every(DISK_LOOK_S, "tenant-disk", self.admission.measure_disk)
         if reap_interval_s is not None:
             self.workers.every(reap_interval_s, "reaper", self.conversations.reap)
@@ -191,6 +191,12 @@ class Runtime:
             retention_interval_s = self.policy.spill.retention_interval_s
         if retention_interval_s is not None:
             self.workers.every(retention_interval_s, "retention", self.expire_files)
+
+    def _keep_lease(self) -> None:
+        """Renew this runtime's lease, then make the writes the state owes (claims to give back, tasks to end):
+        a claim that outlived its attempt while the state was away holds up other replicas' retries until then."""
+        self.manager.renew_lease()
+        self.state.owed.settle()
 
     def _add_gauges(self) -> None:
         """What a scrape reads of this runtime's state: its sandboxes and pool, the admission queue and the

@@ -22,6 +22,7 @@ from sandbox_runtime.state.audit import AuditLog, call_detail
 from sandbox_runtime.state.claims import CallClaims
 from sandbox_runtime.state.engine import Row, StateEngine
 from sandbox_runtime.state.leases import LEASE_TTL_S, Leases
+from sandbox_runtime.state.owed import OwedWrites
 from sandbox_runtime.state.records import ConversationRecord, ExpiredFile, SandboxRecord, StoreReport
 from sandbox_runtime.state.schema import SCHEMA_VERSION, migrate
 from sandbox_runtime.state.sqlite import STATE_PATH_MAX_BYTES, SqliteEngine
@@ -108,8 +109,9 @@ class StateDB:
             self.engine.close()
             raise
         self.leases = Leases(self.engine, lease_ttl_s)
-        self.claims = CallClaims(self.engine, self.leases)
-        self.tasks = TaskRecords(self.engine)
+        self.owed = OwedWrites()  # rows to clear that the state was away for
+        self.claims = CallClaims(self.engine, self.leases, self.owed)
+        self.tasks = TaskRecords(self.engine, self.owed)
         self.tenants = TenantNames(self.engine)
         self.audit = AuditLog(self.engine, self.tenants)
 

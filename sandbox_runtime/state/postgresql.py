@@ -35,7 +35,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 import psycopg
 import psycopg.rows
-from psycopg_pool import ConnectionPool, PoolTimeout
+from psycopg_pool import ConnectionPool, PoolClosed, PoolTimeout
 
 from sandbox_runtime.errors import StateUnavailable
 from sandbox_runtime.state.engine import EngineKind, Row, Statements
@@ -257,6 +257,11 @@ class PostgresEngine:
                 conn = pool.getconn()
             except PoolTimeout:
                 pool = self._restarted(pool)
+                conn = pool.getconn()
+            except PoolClosed:
+                if pool is self._pool:
+                    raise
+                pool = self._open_pool()  # another thread replaced the pool this one waited on: the new one
                 conn = pool.getconn()
             try:
                 yield conn

@@ -4,6 +4,8 @@ A task row names the lease of the runtime running its call. Its status moves fro
 ``failed`` or ``cancelled`` once; ``ended`` says its call's result (or the protocol error that ended it) is
 stored. A cancel is a status written by whichever runtime was asked; the runtime running the call sees it and
 cancels the call (:mod:`~sandbox_runtime.mcp.tasks`). What the task *means* to a client is the MCP layer's.
+An end the state refused (it was away) is owed (:mod:`~sandbox_runtime.state.owed`) and written once it answers:
+a task whose call ended never stays ``working`` while its runtime lives.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import time
 from pydantic import BaseModel, ConfigDict
 
 from sandbox_runtime.state.engine import Row, StateEngine
+from sandbox_runtime.state.owed import OwedWrites
 
 __all__ = ["TaskRecord", "TaskRecords"]
 
@@ -46,8 +49,9 @@ def _record(row: Row) -> TaskRecord:
 class TaskRecords:
     """The tasks of one state database."""
 
-    def __init__(self, engine: StateEngine) -> None:
+    def __init__(self, engine: StateEngine, owed: OwedWrites) -> None:
         self._engine = engine
+        self._owed = owed
 
     def add(self, task: TaskRecord) -> None:
         with self._engine.statements() as db:
@@ -77,7 +81,11 @@ class TaskRecords:
 
     def end(self, task_id: str, status: str, status_message: str | None, result: bytes, error: str | None) -> bool:
         """Store the call's result (and the error that ended it), unless it ended already; the status too,
-        unless it was set already (a cancel). False when it had ended (or is not stored)."""
+        unless it was set already (a cancel). False when it had ended (or is not stored). When the state is
+        away, the end is owed and the failure raised."""
+        return self._owed.make(f"end task {task_id}", lambda: self._end(task_id, status, status_message, result, error))
+
+    def _end(self, task_id: str, status: str, status_message: str | None, result: bytes, error: str | None) -> bool:
         with self._engine.statements() as db:
             return bool(
                 db.run(
