@@ -24,6 +24,7 @@ from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from jwt.algorithms import ECAlgorithm, RSAAlgorithm
 
 TOKEN_LIFETIME_S = 600
+HOLD_S = 120.0  # the longest a held JWKS keeps a fetch waiting (a test that forgets to release it still ends)
 
 
 def _b64(data: bytes) -> str:
@@ -66,6 +67,19 @@ class Issuer:
     jwks_url: str
     published: list[SigningKey] = field(default_factory=list)
     fetches: int = 0
+    hold: tuple[threading.Event, threading.Event] | None = None  # (a fetch is waiting, released): see holding_jwks
+
+    @contextmanager
+    def holding_jwks(self) -> Iterator[threading.Event]:
+        """The JWKS endpoint held, as one slow to answer: a fetch waits until the block is left (at most
+        ``HOLD_S``), then is answered. Yields an event set once a fetch is waiting."""
+        waiting, released = threading.Event(), threading.Event()
+        self.hold = (waiting, released)
+        try:
+            yield waiting
+        finally:
+            self.hold = None
+            released.set()
 
     def key(self, alg: str) -> SigningKey:
         return next(key for key in self.published if key.alg == alg)
@@ -132,6 +146,10 @@ def running_issuer() -> Iterator[Issuer]:
                 self.send_error(404)
                 return
             issuer.fetches += 1
+            if issuer.hold is not None:
+                waiting, released = issuer.hold
+                waiting.set()
+                released.wait(HOLD_S)
             body = json.dumps(issuer.jwks()).encode()
             self.send_response(200)
             self.send_header("Content-Type", "application/json")

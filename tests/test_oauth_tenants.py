@@ -8,6 +8,7 @@ import json
 import time
 import urllib.parse
 from collections.abc import AsyncIterator, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -138,6 +139,29 @@ def test_a_key_the_issuer_adds_later_is_fetched_when_a_token_names_it(server: OA
     answer = _post(server.url, server.issuer.token("alice", server.url, signer=rotated))
     assert answer.status_code == 200, answer.text
     assert server.issuer.fetches == fetched_before + 1  # fetched again once, for the kid it did not hold
+
+
+def test_a_token_of_a_key_held_is_answered_while_a_fetch_for_a_made_up_kid_hangs(tmp_path: Path) -> None:
+    # the fetch may take up to 60 s; each request below gives up after 30 s: a 200 while the endpoint is held can
+    # only come from a check that did not wait for that fetch (neither answered nor timed out by then)
+    with running_issuer() as issuer:
+        policy = oauth_policy(tmp_path, issuer, base=FAKE_POLICY, extra="jwks_timeout_s = 60.0\n")
+        try:
+            with http_server(tmp_path / "state", policy=policy) as url, ThreadPoolExecutor(max_workers=2) as pool:
+                held = issuer.token("alice", url)
+                assert _post(url, held).status_code == 200  # alice's key is now held
+                made_up = issuer.token("mallory", url, signer=new_key("RS256"), kid="made-up-kid")
+                with issuer.holding_jwks() as fetch_waiting:
+                    refused = pool.submit(_post, url, made_up)
+                    assert fetch_waiting.wait(WAIT_S), "the made-up kid did not make the server fetch the key set"
+                    answer = pool.submit(_post, url, held).result(timeout=WAIT_S)
+                    assert answer.status_code == 200, answer.text
+                    assert not refused.done()  # its fetch is still waiting on the endpoint
+                assert refused.result(timeout=WAIT_S).status_code == 401  # released: the kid is still unknown
+        finally:
+            _delete_everything(
+                Runtime(tmp_path / "state", str(policy), backend=FakeBackend(), image="fake", reap_interval_s=None)
+            )
 
 
 def test_every_refusal_is_audited_with_its_reason_and_no_token_is_kept_anywhere(

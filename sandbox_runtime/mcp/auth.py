@@ -9,7 +9,8 @@ is :class:`JwtVerifier`, the ``TokenVerifier`` they call. A token is accepted on
   ``none``, never an HMAC keyed with a public key);
 - the issuer's key set (:class:`KeySet`: ``jwks_url`` or ``jwks_file``) holds its ``kid`` (or, with no ``kid``,
   exactly one key for its algorithm), of the type its algorithm needs, and the signature verifies with it; a
-  ``kid`` not held fetches the set again, at most every ``jwks_refetch_min_s``;
+  ``kid`` not held fetches the set again, at most every ``jwks_refetch_min_s``, and a token of a key held never
+  waits for that fetch (a made-up ``kid`` costs anyone nothing to send);
 - ``iss`` is the issuer, ``aud`` holds the audience (this server's resource identifier, RFC 8707), ``exp`` is
   present and not passed, ``nbf`` and ``iat`` not ahead (each give or take ``leeway_s``);
 - its tenant claim is a string naming a tenant (:func:`~sandbox_runtime.tenancy.validate_tenant`), not the
@@ -77,35 +78,79 @@ def tenant_of(ctx: ServerRequestContext[Any]) -> str:
 
 class KeySet:
     """The issuer's public keys, from ``jwks_url`` (cached ``jwks_cache_s``) or ``jwks_file`` (read again when its
-    modification time changes); a key it does not hold makes it look again, at most every ``jwks_refetch_min_s``."""
+    modification time changes); a key it does not hold makes it look again, at most every ``jwks_refetch_min_s``.
+
+    A read of the set can take up to ``jwks_timeout_s`` and anyone can ask for one (a token naming a made-up
+    ``kid``), so the keys held are looked up without waiting for any read: no lock a lookup takes is held across
+    I/O, and a set past ``jwks_cache_s`` is read again in the background while its keys go on being used."""
 
     def __init__(self, policy: McpAuthPolicy) -> None:
         self._policy = policy
         self._keys: list[dict[str, Any]] = []
-        self._read_at = float("-inf")  # monotonic
+        self._read_at = float("-inf")  # monotonic, when the last read started
         self._version: object = None  # the file's (mtime, size) when read from a file
-        self._guard = threading.Lock()
+        self._refreshing = False  # a background read is under way
+        self._guard = threading.Lock()  # the fields above; only ever held for a moment, never across I/O
+        self._reading = threading.Lock()  # one read of the set at a time; held across I/O, so lookups never take it
 
-    def keys_for(self, kid: str | None, alg: str) -> list[dict[str, Any]]:
+    def keys_for(self, kid: str | None, alg: str, asked_at: float | None = None) -> list[dict[str, Any]]:
         """The keys a token with this header may be verified with (fetched again once when none is held)."""
+        return self.held(kid, alg) or self.fetched(kid, alg, asked_at)
+
+    def held(self, kid: str | None, alg: str) -> list[dict[str, Any]]:
+        """The keys held for this header, at once: whatever read of the set is under way (slow, failing) is not
+        waited for. A set past ``jwks_cache_s`` is read again meanwhile, in a thread of its own."""
         with self._guard:
-            now = time.monotonic()
-            if now - self._read_at >= self._policy.jwks_cache_s:
-                self._load(now)
             found = _matching(self._keys, kid, alg)
-            if not found and now - self._read_at >= self._policy.jwks_refetch_min_s:
-                self._load(now)
-                found = _matching(self._keys, kid, alg)
+            refresh = bool(found) and self._stale(time.monotonic()) and not self._refreshing
+            if refresh:
+                self._refreshing = True
+        if refresh:
+            threading.Thread(target=self._refresh, name="jwks-refresh", daemon=True).start()
         return found
 
-    def _load(self, now: float) -> None:
+    def fetched(self, kid: str | None, alg: str, asked_at: float | None = None) -> list[dict[str, Any]]:
+        """The keys for this header once the set has been read again (no key held matched), if the last read is at
+        least ``jwks_refetch_min_s`` old. One read at a time: a read that started after this was asked for
+        (``asked_at``, monotonic) is shared rather than repeated."""
+        asked_at = time.monotonic() if asked_at is None else asked_at
+        with self._reading:
+            with self._guard:
+                keys, read_at = self._keys, self._read_at
+            now = time.monotonic()
+            due = now - read_at >= min(self._policy.jwks_cache_s, self._policy.jwks_refetch_min_s)
+            if read_at < asked_at and due:
+                keys = self._load(now)
+        return _matching(keys, kid, alg)
+
+    def _stale(self, now: float) -> bool:
+        return now - self._read_at >= self._policy.jwks_cache_s
+
+    def _refresh(self) -> None:
+        """Read a set past ``jwks_cache_s`` again for :meth:`held`, which went on with the keys it held."""
+        try:
+            with self._reading:
+                now = time.monotonic()
+                with self._guard:
+                    stale = self._stale(now)  # (unless a fetch read it meanwhile)
+                if stale:
+                    self._load(now)
+        except TokenRefused as exc:
+            logger.warning("the key set was not refreshed: %s", exc)
+        finally:
+            with self._guard:
+                self._refreshing = False
+
+    def _load(self, now: float) -> list[dict[str, Any]]:
+        """Read the set (the caller holds ``_reading``); its keys."""
         policy = self._policy
         try:
             if policy.jwks_file is not None:
                 stat = os.stat(policy.jwks_file)
                 if (stat.st_mtime_ns, stat.st_size) == self._version:
-                    self._read_at = now
-                    return
+                    with self._guard:
+                        self._read_at = now
+                        return self._keys
                 with open(policy.jwks_file, "rb") as file:
                     body = file.read(policy.jwks_max_bytes + 1)
                 version: object = (stat.st_mtime_ns, stat.st_size)
@@ -123,9 +168,12 @@ class KeySet:
         except (OSError, ValueError, KeyError, TypeError) as exc:
             where = policy.jwks_file or policy.jwks_url
             logger.warning("could not read the key set %s: %s", where, exc)
-            self._read_at = now  # not again before jwks_refetch_min_s: a key set that is down is not hammered
+            with self._guard:
+                self._read_at = now  # not again before jwks_refetch_min_s: a key set that is down is not hammered
             raise TokenRefused(f"the issuer's key set could not be read ({type(exc).__name__})") from exc
-        self._keys, self._version, self._read_at = keys, version, now
+        with self._guard:
+            self._keys, self._version, self._read_at = keys, version, now
+        return keys
 
 
 def _matching(keys: list[dict[str, Any]], kid: str | None, alg: str) -> list[dict[str, Any]]:
@@ -143,6 +191,10 @@ def _matching(keys: list[dict[str, Any]], kid: str | None, alg: str) -> list[dic
     return usable if len(usable) == 1 else []  # no kid: only an unambiguous key
 
 
+class _KeyNotHeld(Exception):
+    """No key held matches the token's header: checking it needs a read of the key set."""
+
+
 class JwtVerifier:
     """The SDK's ``TokenVerifier`` for JWT access tokens (see the module text); refusals go to ``audit``."""
 
@@ -153,10 +205,17 @@ class JwtVerifier:
         self._issuer = policy.issuer
         self._audience = audience
         self.keys = KeySet(policy)
+        # the worker threads that wait for a key-set read: a limiter of their own, so that requests naming unknown
+        # kids, however many, never take the shared worker threads the checks of keys held run on
+        self._reads = anyio.CapacityLimiter(1)
 
     async def verify_token(self, token: str) -> AccessToken | None:
+        asked_at = time.monotonic()
         try:
-            return await anyio.to_thread.run_sync(self.check, token)  # a key-set fetch blocks
+            try:
+                return await anyio.to_thread.run_sync(self._check_held, token)
+            except _KeyNotHeld:
+                return await anyio.to_thread.run_sync(self.check, token, asked_at, limiter=self._reads)
         except TokenRefused as exc:
             logger.info("access token refused: %s", exc)
             said = _refusal.get()
@@ -164,8 +223,23 @@ class JwtVerifier:
                 said.append(str(exc))
             return None
 
-    def check(self, token: str) -> TenantAccessToken:
-        """The accepted token; :class:`TokenRefused` naming why not."""
+    def check(self, token: str, asked_at: float | None = None) -> TenantAccessToken:
+        """The accepted token; :class:`TokenRefused` naming why not (the key set is read again, a read started
+        after ``asked_at`` shared, when it holds no key for it)."""
+        alg, kid = self._header(token)
+        return self._verified(token, alg, kid, self.keys.keys_for(kid, alg, asked_at))
+
+    def _check_held(self, token: str) -> TenantAccessToken:
+        """:meth:`check` with the keys held only, never waiting for a read of the set: :class:`_KeyNotHeld` when
+        none matches."""
+        alg, kid = self._header(token)
+        candidates = self.keys.held(kid, alg)
+        if not candidates:
+            raise _KeyNotHeld
+        return self._verified(token, alg, kid, candidates)
+
+    def _header(self, token: str) -> tuple[str, str | None]:
+        """The token's ``alg`` (one the policy accepts) and ``kid``, read before any key is looked for."""
         policy = self._policy
         if len(token.encode("utf-8", "surrogatepass")) > policy.token_max_bytes:
             raise TokenRefused(f"the token is longer than {policy.token_max_bytes} bytes")
@@ -178,7 +252,11 @@ class JwtVerifier:
             raise TokenRefused(f"the algorithm {str(alg)[:16]!r} is not accepted")
         if kid is not None and not isinstance(kid, str):
             raise TokenRefused("the key id is not a string")
-        candidates = self.keys.keys_for(kid, alg)
+        return alg, kid
+
+    def _verified(self, token: str, alg: str, kid: str | None, candidates: list[dict[str, Any]]) -> TenantAccessToken:
+        """The token checked with the first of the ``candidates`` keys for its header."""
+        policy = self._policy
         if not candidates:
             named = f" (kid {kid[:64]!r})" if kid else ""
             raise TokenRefused(f"the issuer's key set holds no key for this token{named}")
