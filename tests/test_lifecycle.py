@@ -9,16 +9,19 @@ import subprocess
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from sandbox_runtime.api.runtime import Runtime
 from sandbox_runtime.errors import InvalidConversationId, SelfCheckFailed
-from sandbox_runtime.policy import load_policy, policy_from_mapping
+from sandbox_runtime.policy import MiB, Policy, load_policy, policy_from_mapping
+from sandbox_runtime.sandbox import canary
 from sandbox_runtime.sandbox.backend import SandboxBackend
 from sandbox_runtime.sandbox.docker.backend import DockerBackend
 from sandbox_runtime.sandbox.manager import Removal
 from sandbox_runtime.sandbox.profile import LABEL_CONVERSATION, LABEL_RUNTIME, LABEL_STATE_DIR
+from sandbox_runtime.sandbox.selfcheck import SelfCheckReport, run_self_check
 from sandbox_runtime.store.quota import attached_loop_images, loop_quota_unavailable_reason
 from tests.conftest import SESSION, TEST_LABEL, RuntimeFactory, mounts_under
 
@@ -119,7 +122,11 @@ def test_a_conversation_id_of_64_characters_is_accepted(runtime: Runtime) -> Non
 
 
 def test_no_sandbox_starts_when_the_self_check_fails(
-    runtime_factory: RuntimeFactory, docker_backend: DockerBackend, executor_image: str, tmp_path: Path
+    runtime_factory: RuntimeFactory,
+    docker_backend: DockerBackend,
+    executor_image: str,
+    tmp_path: Path,
+    canary_runs: list[str],
 ) -> None:
     leaky = f"sandbox-runtime-test-leaky:{SESSION}"
     (tmp_path / "Dockerfile").write_text(f"FROM {executor_image}\nENV HOST_SECRET=leaked\n")
@@ -132,8 +139,40 @@ def test_no_sandbox_starts_when_the_self_check_fails(
         assert _ours(docker_backend, "fail-closed") == []
         with pytest.raises(SelfCheckFailed):
             runtime.conversation("fail-closed-2").sandbox()
+        assert len(canary_runs) == 2  # a check that failed is never kept: each start checks again
     finally:
         docker_backend._api.remove_image(leaky, force=True)
+
+
+@pytest.fixture
+def canary_runs(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The canary checks this process runs from now on (each the real check, counted): the shape's memory limit."""
+    runs: list[str] = []
+
+    def counted(backend: SandboxBackend, policy: Policy, *args: Any, **kwargs: Any) -> SelfCheckReport:
+        runs.append(str(policy.sandbox.limits.memory_bytes))
+        return run_self_check(backend, policy, *args, **kwargs)
+
+    monkeypatch.setattr(canary, "run_self_check", counted)
+    return runs
+
+
+def test_the_self_check_runs_once_per_process_for_each_sandbox_shape_and_doctor_runs_it_again(
+    runtime_factory: RuntimeFactory, canary_runs: list[str]
+) -> None:
+    shape = {"sandbox": {"limits": {"memory_bytes": 300 * MiB}}}  # a shape no other test uses: new to the process
+    policy = load_policy("default").changed(shape, "a shape of this test's own")
+    first = runtime_factory(policy)
+    assert first.conversation("c1").run_python("print(1)").status == "ok"
+    assert canary_runs == [str(policy.sandbox.limits.memory_bytes)]
+    second = runtime_factory(policy.changed({"mcp": {"http_port": 8802}}, "another port"))  # the same shape
+    assert second.conversation("c2").run_python("print(2)").status == "ok"
+    assert len(canary_runs) == 1  # the check that passed in this process stands for it
+    other = runtime_factory(policy.changed({"sandbox": {"limits": {"pids_max": 300}}}, "another shape"))
+    assert other.conversation("c3").run_python("print(3)").status == "ok"
+    assert len(canary_runs) == 2
+    assert second.doctor().ok
+    assert len(canary_runs) == 3  # doctor always checks
 
 
 def test_a_run_waits_for_the_one_before_it_in_the_same_conversation(runtime: Runtime) -> None:

@@ -78,6 +78,7 @@ class ConversationService:
             locks=ConversationLocks(),
             host_locks=HostLocks(state.engine.lock),
             canary_folder=self._canary_folder,
+            quota_mode=store.quota_mode,
             extra_labels=extra_labels,
             metrics=metrics,
         )

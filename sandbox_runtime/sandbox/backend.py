@@ -205,6 +205,12 @@ class SandboxBackend(abc.ABC):
     """Whether the engine shows a removal only after it has stopped the container (a stopped sandbox may still
     be on its way out)."""
 
+    @property
+    def engine_address(self) -> str | None:
+        """Where the engine is reached, the same for every backend object of this engine (a self-check that passed
+        on it is kept for the process); None: an engine of this object alone."""
+        return None
+
     @abc.abstractmethod
     def engine_info(self) -> EngineInfo:
         """Versions and capabilities of the engine; raises EngineUnavailable when it cannot be reached."""

@@ -9,8 +9,8 @@ and sandbox rows in.
   re-attaches by label instead of starting a second one.
 * ``reap`` removes sandboxes idle longer than ``idle_timeout_s`` or older than ``max_lifetime_s`` (their results
   folders stay); ``sweep_orphans`` removes containers with our labels that nothing owns any more.
-* Before the first sandbox of a process starts, the self-check runs; when it fails, no sandbox ever starts
-  (:mod:`~sandbox_runtime.sandbox.canary`).
+* Before the first sandbox starts, the self-check runs (once per process and sandbox configuration); until it
+  passes, no sandbox starts (:mod:`~sandbox_runtime.sandbox.canary`).
 * A sandbox removed or stopped from outside is replaced on the next use (the results folder stays), and so is
   one whose engine went away during a run (a daemon restart: ``abandon``).
 
@@ -61,7 +61,8 @@ class SandboxManager:
 
     ``locks`` and ``host_locks`` are shared with the owner of the conversations' folders: a conversation's lock
     in this process is held while it is used (the reaper skips it), its host-wide lock while a hold is taken, a
-    claim checked or its volume mounted. ``canary_folder`` makes the self-check's results folder for one check."""
+    claim checked or its volume mounted. ``canary_folder`` makes the self-check's results folder for one check
+    (``quota_mode``: the store's, as the folders it makes have)."""
 
     def __init__(
         self,
@@ -74,6 +75,7 @@ class SandboxManager:
         locks: ConversationLocks,
         host_locks: HostLocks,
         canary_folder: Callable[[], AbstractContextManager[ResultsFolder]],
+        quota_mode: str,
         extra_labels: dict[str, str] | None = None,
         clock: Callable[[], float] = time.time,
         metrics: RuntimeMetrics,
@@ -96,6 +98,8 @@ class SandboxManager:
             policy=policy,
             canary_folder=canary_folder,
             image=image,
+            identity=self.digest,
+            quota_mode=quota_mode,
             base_labels=self.base_labels,
             spec_for=self._spec,
             lock=self.lock,

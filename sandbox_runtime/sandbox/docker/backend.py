@@ -119,6 +119,10 @@ class DockerBackend(SandboxBackend, ImageBuilder):
         self._execs = Execs(self, self.words.name)
         self._executors = ResidentExecutors(self._execs)
 
+    @property
+    def engine_address(self) -> str:
+        return self._base_url
+
     @classmethod
     def client_options(cls, environment: Mapping[str, str]) -> dict[str, Any]:
         """docker-py's client options from the environment (``DOCKER_HOST``, ``DOCKER_TLS_VERIFY``, ...)."""
