@@ -83,7 +83,10 @@ ENGINES = [
     pytest.param("podman", id="podman", marks=[pytest.mark.docker, pytest.mark.podman]),
 ]
 ENGINE_POLICY_TEXT = {"default": "", "podman": '[sandbox]\nbackend = "podman"\n'}
-SANDBOX_NAME = "import socket\nprint('sandbox', socket.gethostname())"  # the engine names it after the container
+SANDBOX_NAME = (  # a name the sandbox's first run gives it in its own /tmp (a tmpfs of each container's own)
+    "import os, secrets\nif not os.path.exists('/tmp/name'):\n    open('/tmp/name', 'w').write(secrets.token_hex(8))\n"
+    "print('sandbox', open('/tmp/name').read())"
+)
 
 
 @contextmanager
@@ -110,7 +113,7 @@ def replica(state: Path, policy: Path, database_url: str | None = None) -> Itera
 
 def sandbox_of(replica: Replica, call_id: str) -> str:
     said = text_of(call(replica, SANDBOX_NAME, call_id))
-    found = re.search(r"^sandbox ([0-9a-f]{12})$", said, re.MULTILINE)
+    found = re.search(r"^sandbox ([0-9a-f]{16})$", said, re.MULTILINE)
     assert found, said
     return found.group(1)
 
