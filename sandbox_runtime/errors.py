@@ -131,11 +131,13 @@ class ConversationDeleted(SandboxRuntimeError):
 class AdmissionRefused(SandboxRuntimeError):
     """A call of a tenant over its share did not get its turn: it waited ``admission.max_wait_s`` in the queue, or
     its tenant's results folders are over ``admission.tenant_disk_max_bytes``. Nothing ran; ``retry_after_s`` says
-    when trying again makes sense."""
+    when trying again makes sense, ``waited_s`` how long the call waited, as measured where it waited (0 for one
+    refused at once)."""
 
-    def __init__(self, message: str, *, retry_after_s: float) -> None:
+    def __init__(self, message: str, *, retry_after_s: float, waited_s: float = 0.0) -> None:
         super().__init__(message)
         self.retry_after_s = retry_after_s
+        self.waited_s = waited_s
 
 
 class CallStillRunning(SandboxRuntimeError):

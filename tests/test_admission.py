@@ -1,6 +1,7 @@
 """Fair admission: the run slots of a runtime shared by its tenants — round-robin across tenants, first come within
-one, progress while waiting, a bounded wait with a retry-after, a cancel that leaves the queue, the disk share —
-and a flood of one tenant's calls through the MCP SDK's client that another tenant's single call overtakes."""
+one, progress while waiting, a bounded wait with a retry-after (and the wait it measured, in the Python API and in
+an MCP result's quota), a cancel that leaves the queue, the disk share — and a flood of one tenant's calls through
+the MCP SDK's client that another tenant's single call overtakes."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from mcp.client.streamable_http import streamable_http_client
 
 from sandbox_runtime.control import CallControl
 from sandbox_runtime.errors import AdmissionRefused
+from sandbox_runtime.mcp.server import McpService
 from sandbox_runtime.pipeline.admission import Admission
 from sandbox_runtime.policy import load_policy
 from sandbox_runtime.tenant_policy import AdmissionPolicy
@@ -26,6 +28,7 @@ from tests.mcp_helpers import call_meta, http_server, run_bounded, text_of
 from tests.oauth_issuer import oauth_policy, running_issuer
 
 WAIT_S = 30.0
+TOLERANCE_S = 0.05  # a refused call waited at least max_wait_s, give or take the clock's rounding
 
 
 class Holder:
@@ -117,6 +120,7 @@ def test_a_call_waits_with_its_place_reported_then_is_refused_with_a_retry_after
     with pytest.raises(AdmissionRefused) as refused, admission.slot("busy", control):
         pytest.fail("the second call of a tenant with one slot ran")
     assert refused.value.retry_after_s == 7
+    assert 2.5 - TOLERANCE_S <= refused.value.waited_s < WAIT_S  # the wait it measured, as an admitted call's
     assert "admission.tenant_runs_max" in str(refused.value)
     assert "nothing ran" in str(refused.value)
     assert said
@@ -153,6 +157,7 @@ def test_a_tenant_over_its_disk_share_is_refused_at_once_and_others_are_not() ->
     with pytest.raises(AdmissionRefused) as refused, admission.slot("full"):
         pytest.fail("a tenant over its disk share ran")
     assert "admission.tenant_disk_max_bytes" in str(refused.value)
+    assert refused.value.waited_s == 0  # refused at once
     with admission.slot("light") as admitted:
         assert admitted.waited_s == 0
     assert admission.quota("full").disk_bytes == 2_000
@@ -172,6 +177,7 @@ def test_a_tenants_sandboxes_are_capped_and_a_closed_one_makes_room(fake_runtime
     with pytest.raises(AdmissionRefused) as refused:
         third.call("run_python", {"code": "print(3)"})
     assert refused.value.retry_after_s == 3.0
+    assert 1.0 - TOLERANCE_S <= refused.value.waited_s < WAIT_S  # it waited for a sandbox to end
     assert "tenant_sandboxes_max" in str(refused.value)
     assert third.call("write_file", {"path": "a.txt", "content": "no sandbox needed"}).is_error is False
     assert other.call("run_python", {"code": "print('another tenant')"}).is_error is False
@@ -180,7 +186,42 @@ def test_a_tenants_sandboxes_are_capped_and_a_closed_one_makes_room(fake_runtime
     assert third.call("run_python", {"code": "print(3)"}).is_error is False
 
 
+def test_a_call_refused_its_turn_tells_the_python_api_how_long_it_waited(fake_runtime_factory: RuntimeFactory) -> None:
+    limits = {"tenant_runs_max": 1, "max_wait_s": 1.0, "retry_after_s": 4.0}
+    runtime = fake_runtime_factory(load_policy("default").changed({"admission": limits}, "the test"))
+    conversation = runtime.conversation("c", tenant="busy")
+    with runtime.admission.slot("busy"), pytest.raises(AdmissionRefused) as refused:  # its one slot is taken
+        conversation.call("write_file", {"path": "a.txt", "content": "never written"})
+    assert 1.0 - TOLERANCE_S <= refused.value.waited_s < WAIT_S
+    assert refused.value.retry_after_s == 4.0
+    assert "waited 1 s (admission.max_wait_s)" in str(refused.value)
+    assert conversation.call("write_file", {"path": "a.txt", "content": "now"}).queued_s == 0  # straight in
+
+
 # ---------------------------------------------------------------------------------------------- over MCP
+async def _call_in_process(service: McpService, tool: str, arguments: dict[str, Any]) -> Any:
+    async with Client(service.server, mode="legacy") as client:
+        return await client.call_tool(tool, arguments)
+
+
+def test_a_refused_calls_mcp_result_says_in_its_quota_how_long_it_waited(fake_runtime_factory: RuntimeFactory) -> None:
+    limits = {"tenant_runs_max": 1, "max_wait_s": 1.0, "retry_after_s": 4.0}
+    runtime = fake_runtime_factory(load_policy("default").changed({"admission": limits}, "the test"))
+    service = McpService(runtime, transport="stdio", conversation="queued")
+    with runtime.admission.slot(runtime.state.tenants.of_key(service.conversation_of({}))):  # its one slot is taken
+        result = run_bounded(_call_in_process, service, "write_file", {"path": "a.txt", "content": "never written"})
+    assert result.is_error
+    assert "AdmissionRefused" in text_of(result)
+    assert "waited 1 s (admission.max_wait_s)" in text_of(result)
+    quota = call_meta(result)["quota"]
+    assert 1.0 - TOLERANCE_S <= quota["waited_s"] < WAIT_S  # what it waited, as its text says
+    assert quota["retry_after_s"] == 4.0
+    assert quota["runs"] == quota["runs_max"] == 1
+    admitted = run_bounded(_call_in_process, service, "write_file", {"path": "a.txt", "content": "now"})
+    assert not admitted.is_error
+    assert call_meta(admitted)["quota"]["waited_s"] == 0
+
+
 RUN_S = 0.5
 
 

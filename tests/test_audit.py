@@ -1,7 +1,7 @@
-"""The audit trail, on both state stores: what is written (calls, approvals, denials, attachments, sandboxes),
-never a value or a token; ``audit verify`` passing on a busy log and naming the first entry after an edit, a
-deletion, a swap and a cut tail; ``audit export``; and a store that refuses an entry: the call goes on, the loss
-is logged loudly, counted by a gap entry, and ``doctor``'s check misses it."""
+"""The audit trail, on both state stores: what is written (calls, those admission refused, approvals, denials,
+attachments, sandboxes), never a value or a token; ``audit verify`` passing on a busy log and naming the first
+entry after an edit, a deletion, a swap and a cut tail; ``audit export``; and a store that refuses an entry: the
+call goes on, the loss is logged loudly, counted by a gap entry, and ``doctor``'s check misses it."""
 
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 
 from sandbox_runtime.api.runtime import Runtime
+from sandbox_runtime.errors import AdmissionRefused
 from sandbox_runtime.pipeline.approval import ApprovalRequest
 from sandbox_runtime.policy import load_policy
 from sandbox_runtime.state.audit import AuditEntry
@@ -157,6 +158,37 @@ def test_approvals_denials_attachments_and_sandboxes_are_each_an_entry(fake_runt
     assert all(line["tenant"] == "acme" and "hash" in line and "at_iso" in line for line in lines)
     assert _cli(runtime.state_dir, None, "export", "--tenant", "nobody").stdout == ""
     assert _cli(runtime.state_dir, None, "export", "--since", "not a date").returncode == 2
+
+
+def test_a_call_admission_refused_is_a_call_entry_with_its_reason_and_the_chain_still_verifies(
+    state_url: str | None, fake_runtime_factory: RuntimeFactory
+) -> None:
+    limits = {"tenant_runs_max": 1, "max_wait_s": 1.0, "retry_after_s": 4.0}
+    policy = load_policy("default").changed({"admission": limits}, "the test")
+    runtime = fake_runtime_factory(policy, state_url=state_url)
+    conversation = runtime.conversation("queued", tenant="acme")
+    conversation.call("write_file", {"path": "a.txt", "content": SECRET})
+    with runtime.admission.slot("acme"), pytest.raises(AdmissionRefused) as refused:  # acme's one slot is taken
+        conversation.call("read_file", {"path": "a.txt"}, call_id="refused-1")
+    conversation.call("read_file", {"path": "a.txt"}, call_id="refused-1")  # tried again: it runs (nothing was kept)
+    entries = _entries(runtime)
+    calls = [(entry, json.loads(entry.detail)) for entry in entries if entry.kind == "call"]
+    assert [detail["status"] for _, detail in calls] == ["ok", "refused", "ok"]
+    entry, detail = calls[1]
+    assert (entry.tenant, entry.conversation_id, entry.call_id) == ("acme", conversation.key, "refused-1")
+    assert (detail["tool"], detail["target"]) == ("read_file", "read_file")
+    assert detail["reason"] == str(refused.value)
+    assert "admission.max_wait_s" in detail["reason"]
+    assert 1.0 - 0.05 <= detail["waited_s"] < 30
+    assert detail["retry_after_s"] == 4.0
+    assert detail["arguments_sha256"] == calls[2][1]["arguments_sha256"]  # the same arguments, as a digest
+    assert detail["result_sha256"] is None  # no result was given
+    assert all(SECRET not in entry.detail for entry in entries)
+    check = runtime.state.audit.verify()
+    assert check.ok, check
+    assert check.entries == len(entries)
+    done = _cli(runtime.state_dir, state_url, "verify", "--head", check.head_hash)
+    assert done.returncode == 0, done.stderr
 
 
 def test_a_store_refusing_an_entry_never_fails_the_call_and_the_loss_is_loud_and_counted(

@@ -237,7 +237,8 @@ class ConversationService:
         """Start the conversation's sandbox once its tenant has room (checked and started under the tenant's lock
         across processes, so two starts never both take its last place)."""
         admission, tag = self.policy.admission, key_tag(conversation_id)
-        deadline = self.manager.clock() + admission.max_wait_s
+        started = self.manager.clock()
+        deadline = started + admission.max_wait_s
         while True:
             with self.manager.host_lock(f"sandboxes.{tag or 'default'}"):
                 live = self.state.live_sandbox_count(tag)
@@ -250,6 +251,7 @@ class ConversationService:
                     f"none ended within {admission.max_wait_s:g} s (admission.max_wait_s); nothing ran: close "
                     f"conversations it no longer uses, or try again in {admission.retry_after_s:g} s",
                     retry_after_s=admission.retry_after_s,
+                    waited_s=self.manager.clock() - started,
                 )
             time.sleep(_SHARE_LOOK_S)  # another conversation's sandbox may end (reaped, closed) meanwhile
 

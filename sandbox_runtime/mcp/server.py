@@ -208,7 +208,7 @@ class McpService:
             except AdmissionRefused as exc:  # over its tenant's share: the caller may retry later
                 logger.info("tools/call %s in %s refused: %s", params.name, conversation, exc)
                 refused = _error_result(f"The runtime could not run {params.name}: {type(exc).__name__}: {exc}")
-                quota = self._quota(conversation).model_dump() | {"retry_after_s": exc.retry_after_s}
+                quota = self._quota(conversation, exc.waited_s).model_dump() | {"retry_after_s": exc.retry_after_s}
                 return refused.model_copy(update={"meta": {META_QUOTA: quota}})
             except SandboxRuntimeError as exc:
                 logger.warning("tools/call %s failed in the runtime: %s", params.name, exc)

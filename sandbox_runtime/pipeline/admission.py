@@ -8,7 +8,8 @@ served, so one tenant's burst of twenty calls delays another tenant's single cal
 waiting tenant served longest ago goes first; one with nothing running or waiting counts as never served).
 While it waits, a call reports its place in line as progress (``notifications/progress`` over MCP), about once a
 second; one cancelled leaves the queue and never runs; one that waited ``max_wait_s`` fails with
-:class:`~sandbox_runtime.errors.AdmissionRefused` carrying ``retry_after_s``.
+:class:`~sandbox_runtime.errors.AdmissionRefused` carrying ``retry_after_s`` and the wait it measured
+(``waited_s``; 0 for a refusal at once).
 
 Calls a ``run_python`` script makes (``sandbox_tools``) run inside their run's slot and never queue (a script
 waiting for a slot its own run holds would never end); a stored decision replayed takes no slot; a host's own
@@ -193,6 +194,7 @@ class Admission:
                     f"{self.policy.max_wait_s:g} s (admission.max_wait_s) without its turn; nothing ran: try "
                     f"again in {self.policy.retry_after_s:g} s",
                     retry_after_s=self.policy.retry_after_s,
+                    waited_s=self._clock() - started,  # measured as an admitted call's wait is
                 )
             if control is not None:
                 control.report(self._clock() - started, None, self._place(ticket))

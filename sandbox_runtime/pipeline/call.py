@@ -331,10 +331,12 @@ def stored_result(call: Call, conversation_id: str, turn_id: str, now: float) ->
     )
 
 
-def call_record(call: Call, conversation_id: str, turn_id: str, args_max_bytes: int, made_by: str | None) -> CallRecord:
+def call_record(
+    call: Call, conversation_id: str, turn_id: str | None, args_max_bytes: int, made_by: str | None
+) -> CallRecord:
     """The execution record of a call that ran now: the short call, the expanded arguments (each cut at
     ``args_max_bytes``, their digest over the whole), the status and why it failed, the timings, its files, and
-    the call whose script made it."""
+    the call whose script made it (``turn_id``: None for a call that ended before its turn was decided)."""
     arguments = call.item.arguments if isinstance(call.item, ToolCall) else None
     short, short_cut = _capped_json(arguments, args_max_bytes)
     expanded, expanded_cut = _capped_json(call.expanded, args_max_bytes)

@@ -31,7 +31,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from sandbox_runtime.control import CallControl
-from sandbox_runtime.errors import InvalidToolArguments
+from sandbox_runtime.errors import AdmissionRefused, InvalidToolArguments
 from sandbox_runtime.models import HostResult, SpillMode, StoredResult, ToolCall, ToolOutcome, TurnReport
 from sandbox_runtime.pipeline.admission import Admission
 from sandbox_runtime.pipeline.approval import Approver
@@ -45,13 +45,14 @@ from sandbox_runtime.pipeline.call import (
     stored_result,
 )
 from sandbox_runtime.pipeline.claims import CallClaimer, check_call_id
-from sandbox_runtime.pipeline.observed import observed_call
+from sandbox_runtime.pipeline.observed import REFUSED, observed_call
 from sandbox_runtime.pipeline.script_tools import PipelineScriptTools
 from sandbox_runtime.policy import Policy
 from sandbox_runtime.spill.budget import BudgetCandidate, BudgetDecision, plan_turn_budget
 from sandbox_runtime.spill.failures import spill_error
 from sandbox_runtime.spill.spiller import result_text, spill_result
 from sandbox_runtime.spill.streamed import TableStream
+from sandbox_runtime.state.audit import unsettled_detail
 from sandbox_runtime.state.database import StateDB
 from sandbox_runtime.telemetry.metrics import RuntimeMetrics
 from sandbox_runtime.tools.base import ToolContext, ToolReturn, ToolSpec
@@ -274,16 +275,40 @@ class Dispatcher:
         control: CallControl | None,
     ) -> None:
         """Run a call in a run slot of its conversation's tenant (:mod:`~sandbox_runtime.pipeline.admission`);
-        one cancelled while it waited is recorded cancelled, never run."""
-        with self.admission.slot(tenant, control) as admitted:
-            call.queued_s = admitted.waited_s
-            if admitted.cancelled:
-                call.target = call.item.tool
-                call.started_at = self._clock()
-                left = f"Cancelled after {admitted.waited_s:.1f} s waiting for a run slot: {call.target} did not run."
-                call.finish(ToolReturn(is_error=True, error=left), "cancelled", call.started_at)
-                return
-            self.runner.run(call, arguments, approver=approver)
+        one cancelled while it waited is recorded cancelled, never run; one refused its turn raises (see
+        :meth:`_refused`)."""
+        try:
+            with self.admission.slot(tenant, control) as admitted:
+                call.queued_s = admitted.waited_s
+                if admitted.cancelled:
+                    call.target = call.item.tool
+                    call.started_at = self._clock()
+                    left = (
+                        f"Cancelled after {admitted.waited_s:.1f} s waiting for a run slot: {call.target} did not run."
+                    )
+                    call.finish(ToolReturn(is_error=True, error=left), "cancelled", call.started_at)
+                    return
+                self.runner.run(call, arguments, approver=approver)
+        except AdmissionRefused as refused:  # no run slot in time, its tenant's disk full, or (in the run) no sandbox
+            self._refused(call, tenant, refused)
+            raise
+
+    def _refused(self, call: Call, tenant: str, refused: AdmissionRefused) -> None:
+        """A call admission refused ends with no decision (its call id runs anew when tried again), so
+        :meth:`settle` never audits it: its ``call`` entry is written here, as :func:`call_record` and
+        :func:`~sandbox_runtime.state.audit.call_detail` describe every call, with status ``refused`` and the
+        reason. Its whole wait goes on the refusal (for the caller's quota): the run slot's, when it got one and a
+        sandbox's turn was refused in its run, and what the refusal measured."""
+        refused.waited_s += call.queued_s
+        call.queued_s = refused.waited_s
+        call.target = call.target or call.item.tool
+        call.finished_at = self._clock()
+        call.started_at = call.started_at or call.finished_at  # (refused in the queue: it never started)
+        conversation = call.ctx.conversation_id
+        record = call_record(call, conversation, None, self.policy.tools.record_args_max_bytes, None)
+        facts = {"waited_s": round(refused.waited_s, 3), "retry_after_s": refused.retry_after_s}
+        detail = unsettled_detail(record, REFUSED, str(refused), **facts)
+        self.state.audit.append("call", conversation=conversation, call_id=call.call_id, tenant=tenant, **detail)
 
     # ------------------------------------------------------------------------------------------ spill
     def _spill_or_fault(self, call: Call) -> None:

@@ -10,8 +10,10 @@ chain where it happened; ``audit_head`` keeps the number and hash of the last en
 keep the head hash elsewhere (``audit verify`` prints it) and pass it to a later ``verify(head=...)``.
 
 An entry is written in the transaction of the operation it records (a call's decision, an attachment's record,
-a sandbox's), so both reach the disk with one flush, or neither. Appends are serialised by the one-row head (an
-``UPDATE ... RETURNING`` locks it until the transaction ends), across threads, processes and replicas alike.
+a sandbox's), so both reach the disk with one flush, or neither; one that records nothing else stored (a call
+admission refused, an attachment read, a refused token) in a transaction of its own. Appends are serialised by
+the one-row head (an ``UPDATE ... RETURNING`` locks it until the transaction ends), across threads, processes and
+replicas alike.
 Writing an entry never fails the operation it records: it is written behind a savepoint, and an entry the store
 refuses (a full disk, the server away) is lost alone — logged as an error, and the next entry written is preceded
 by an ``audit_gap`` entry counting those lost (also kept in :attr:`AuditLog.missed`).
@@ -34,7 +36,7 @@ from sandbox_runtime.models import CallRecord
 from sandbox_runtime.state.engine import Row, StateEngine, Statements
 from sandbox_runtime.state.tenants import TenantNames
 
-__all__ = ["GENESIS_HASH", "AuditCheck", "AuditEntry", "AuditKind", "AuditLog", "call_detail"]
+__all__ = ["GENESIS_HASH", "AuditCheck", "AuditEntry", "AuditKind", "AuditLog", "call_detail", "unsettled_detail"]
 
 logger = logging.getLogger(__name__)
 
@@ -111,6 +113,15 @@ def call_detail(record: CallRecord, text: str) -> dict[str, Any]:
         "started_at": record.started_at,
         "finished_at": record.finished_at,
     }
+
+
+def unsettled_detail(record: CallRecord, status: str, reason: str, **facts: Any) -> dict[str, Any]:
+    """A ``call`` entry's details for a call that ended without a decision (it raised: nothing is kept for its call
+    id, which runs anew when tried again, and no result was given): those of :func:`call_detail`, with ``status``
+    as the metrics count it (``refused``: admission refused it), no result digest, and why (``reason``, the
+    message the caller got) with ``facts`` (how long it waited, when to try again)."""
+    detail = call_detail(record, "")
+    return detail | {"status": status, "failure": None, "result_sha256": None, "reason": reason, **facts}
 
 
 def canonical(detail: dict[str, Any]) -> str:
