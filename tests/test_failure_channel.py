@@ -249,6 +249,10 @@ def test_an_infrastructure_failure_raises_after_the_other_calls_of_its_turn_are_
     assert any("run the turn again with the same call ids" in note for note in raised.value.__notes__)
     assert {d.call_id for d in conversation.decisions()} == {"n1", "n2", "h"}
     assert {r.call_id: r.status for r in conversation.calls()} == {"n1": "ok", "n2": "ok", "h": "ok"}
+    ended = {entry.call_id: json.loads(entry.detail) for entry in rt.state.audit.entries() if entry.kind == "call"}
+    assert set(ended) == {"h", "n1", "n2", "py"}  # the failed call is in the trail too, with why it ended
+    assert (ended["py"]["status"], ended["py"]["error_type"]) == ("infrastructure", "ImageError")
+    assert "not built" in ended["py"]["reason"]
 
     with pytest.raises(ImageError):  # the retry runs only the failed call
         conversation.run_turn(turn)

@@ -45,7 +45,7 @@ from sandbox_runtime.pipeline.call import (
     stored_result,
 )
 from sandbox_runtime.pipeline.claims import CallClaimer, check_call_id
-from sandbox_runtime.pipeline.observed import REFUSED, observed_call
+from sandbox_runtime.pipeline.observed import INFRASTRUCTURE, REFUSED, observed_call
 from sandbox_runtime.pipeline.script_tools import PipelineScriptTools
 from sandbox_runtime.policy import Policy
 from sandbox_runtime.spill.budget import BudgetCandidate, BudgetDecision, plan_turn_budget
@@ -253,6 +253,8 @@ class Dispatcher:
                         self._admitted(call, tenant, item.arguments, approver, control)
                     self._spill_or_fault(call)
             except BaseException as exc:  # raised once the others of the turn are decided
+                if isinstance(exc, Exception):
+                    self._audit_unsettled(call, tenant, exc)
                 return exc
             return call
 
@@ -275,8 +277,8 @@ class Dispatcher:
         control: CallControl | None,
     ) -> None:
         """Run a call in a run slot of its conversation's tenant (:mod:`~sandbox_runtime.pipeline.admission`);
-        one cancelled while it waited is recorded cancelled, never run; one refused its turn raises (see
-        :meth:`_refused`)."""
+        one cancelled while it waited is recorded cancelled, never run; one refused its turn raises
+        :class:`~sandbox_runtime.errors.AdmissionRefused` (audited by :meth:`_audit_unsettled`)."""
         try:
             with self.admission.slot(tenant, control) as admitted:
                 call.queued_s = admitted.waited_s
@@ -290,24 +292,27 @@ class Dispatcher:
                     return
                 self.runner.run(call, arguments, approver=approver)
         except AdmissionRefused as refused:  # no run slot in time, its tenant's disk full, or (in the run) no sandbox
-            self._refused(call, tenant, refused)
+            # its whole wait goes on the refusal (for the caller's quota): the run slot's, when it got one and a
+            # sandbox's turn was refused in its run, and what the refusal measured
+            refused.waited_s += call.queued_s
+            call.queued_s = refused.waited_s
             raise
 
-    def _refused(self, call: Call, tenant: str, refused: AdmissionRefused) -> None:
-        """A call admission refused ends with no decision (its call id runs anew when tried again), so
-        :meth:`settle` never audits it: its ``call`` entry is written here, as :func:`call_record` and
-        :func:`~sandbox_runtime.state.audit.call_detail` describe every call, with status ``refused`` and the
-        reason. Its whole wait goes on the refusal (for the caller's quota): the run slot's, when it got one and a
-        sandbox's turn was refused in its run, and what the refusal measured."""
-        refused.waited_s += call.queued_s
-        call.queued_s = refused.waited_s
+    def _audit_unsettled(self, call: Call, tenant: str, exc: Exception) -> None:
+        """A call that raised (admission refused it, or an infrastructure failure ended it) ends with no decision
+        (its call id runs anew when tried again), so :meth:`settle` never audits it: its ``call`` entry is written
+        here, as :func:`call_record` and :func:`~sandbox_runtime.state.audit.call_detail` describe every call, with
+        the status the metrics count it under (``refused`` or ``infrastructure``), the reason and its wait."""
         call.target = call.target or call.item.tool
-        call.finished_at = self._clock()
+        call.finished_at = call.finished_at or self._clock()
         call.started_at = call.started_at or call.finished_at  # (refused in the queue: it never started)
         conversation = call.ctx.conversation_id
         record = call_record(call, conversation, None, self.policy.tools.record_args_max_bytes, None)
-        facts = {"waited_s": round(refused.waited_s, 3), "retry_after_s": refused.retry_after_s}
-        detail = unsettled_detail(record, REFUSED, str(refused), **facts)
+        facts: dict[str, Any] = {"waited_s": round(call.queued_s, 3), "error_type": type(exc).__name__}
+        if isinstance(exc, AdmissionRefused):
+            detail = unsettled_detail(record, REFUSED, str(exc), **facts, retry_after_s=exc.retry_after_s)
+        else:
+            detail = unsettled_detail(record, INFRASTRUCTURE, str(exc), **facts)
         self.state.audit.append("call", conversation=conversation, call_id=call.call_id, tenant=tenant, **detail)
 
     # ------------------------------------------------------------------------------------------ spill

@@ -33,7 +33,7 @@ from sandbox_runtime.telemetry.tracing import (
 if TYPE_CHECKING:
     from sandbox_runtime.pipeline.call import Call
 
-__all__ = ["observed_call"]
+__all__ = ["INFRASTRUCTURE", "REFUSED", "observed_call"]
 
 INFRASTRUCTURE = "infrastructure"  # the status of a call an infrastructure failure ended (it raised)
 REFUSED = "refused"  # the status of a call admission refused (it raised AdmissionRefused)
