@@ -133,7 +133,9 @@ def _ended(store: TaskStore, work: Any) -> TrackedTask:
 
 
 @pytest.fixture
-def workers() -> Iterator[Workers]:
+def workers(state_db: StateDB) -> Iterator[Workers]:
+    """The tasks' threads, stopped (their calls waited for) before the state they write to is closed: closing a
+    SQLite connection while another thread is inside it can crash the process."""
     pool = Workers(4, name="test-tasks")
     yield pool
     pool.close()
@@ -185,3 +187,4 @@ def test_task_limits_come_from_the_policy(workers: Workers, state_db: StateDB) -
     assert later.ttl_ms == 60_000
     with pytest.raises(MCPError, match="Task not found"):
         store.get("c1", running.task_id)
+    assert store.wait(later, timeout_s=10)
