@@ -129,11 +129,16 @@ def http_server(
         try:
             yield line_starting(lines, "serving MCP at ")
         finally:
-            process.terminate()
-            try:
-                process.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                process.kill()
+            stop_by_pid(process)
+
+
+def stop_by_pid(process: subprocess.Popen[str]) -> None:
+    """Stop a server this test started as a service manager does: SIGTERM, then SIGKILL after 30 s."""
+    process.terminate()
+    try:
+        process.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        process.kill()
 
 
 def text_of(result: types.CallToolResult) -> str:

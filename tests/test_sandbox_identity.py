@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 import re
-import subprocess
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -21,7 +20,7 @@ from sandbox_runtime.sandbox.profile import sandbox_identity
 from sandbox_runtime.state.location import STATE_URL_VARIABLE
 from tests.conftest import RuntimeFactory, database_name
 from tests.local_servers import free_port
-from tests.mcp_helpers import serve_command, serve_process, text_of
+from tests.mcp_helpers import serve_command, serve_process, stop_by_pid, text_of
 from tests.postgres_cluster import PostgresCluster
 from tests.test_replicas import Replica, call, start_lines
 
@@ -104,11 +103,7 @@ def replica(state: Path, policy: Path, database_url: str | None = None) -> Itera
         try:
             yield started
         finally:
-            process.terminate()
-            try:
-                process.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                process.kill()
+            stop_by_pid(process)
 
 
 def sandbox_of(replica: Replica, call_id: str) -> str:
