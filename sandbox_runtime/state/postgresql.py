@@ -45,8 +45,9 @@ __all__ = ["PostgresEngine", "shown_url"]
 
 logger = logging.getLogger(__name__)
 
-# a connection used within this long is lent without a round trip to check it: a server restart in that second
-# fails one statement on it (StateUnavailable), and the connection is replaced
+# a connection used within this long is lent without a round trip to check it, unless the server was seen away
+# since (then every idle connection is checked once): a server restart in that second with no use in between fails
+# one statement on it (StateUnavailable), and the connection is replaced
 _CHECKED_AFTER_S = 1.0
 _MIGRATION_LOCK = 0x73616E64626F78  # the advisory lock migrations take ("sandbox"): one migrates, the rest wait
 _TYPES = (
@@ -233,11 +234,15 @@ class PostgresEngine:
         try:
             yield
         except PoolTimeout:
+            self._used.clear()  # (see below)
             raise StateUnavailable(
                 f"the state database {self.shown} is not available: no connection within {self._timeout_s:g} s "
                 "(the server is down or unreachable, refuses the login, or every connection is busy)"
             ) from None
         except (psycopg.OperationalError, psycopg.InterfaceError) as exc:
+            # the server went away (or may have): every connection idle in the pool is checked before it is lent
+            # again, however recently it was used (one the server ended would fail the first call once it is back)
+            self._used.clear()
             said = str(exc).strip() or type(exc).__name__
             if self._password:
                 said = said.replace(self._password, "***")
