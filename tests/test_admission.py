@@ -22,7 +22,7 @@ from sandbox_runtime.errors import AdmissionRefused
 from sandbox_runtime.mcp.server import McpService
 from sandbox_runtime.pipeline.admission import Admission
 from sandbox_runtime.policy import load_policy
-from sandbox_runtime.tenant_policy import AdmissionPolicy
+from sandbox_runtime.policy.admission import AdmissionPolicy
 from tests.conftest import FAKE_POLICY, RuntimeFactory
 from tests.mcp_helpers import call_meta, http_server, run_bounded, text_of
 from tests.oauth_issuer import oauth_policy, running_issuer

@@ -23,10 +23,10 @@ from opentelemetry.trace import StatusCode
 
 from sandbox_runtime.mcp.gateway import Gateway
 from sandbox_runtime.policy import McpPolicy, UpstreamServer, load_policy
+from sandbox_runtime.policy.telemetry import TelemetryPolicy
 from sandbox_runtime.telemetry.logs import JsonLogFormatter
 from sandbox_runtime.telemetry.sandbox_spans import RunSpans
 from sandbox_runtime.telemetry.tracing import tracer
-from sandbox_runtime.telemetry_policy import TelemetryPolicy
 from tests.conftest import RuntimeFactory
 from tests.span_capture import captured_spans, named, parent_of
 

@@ -41,9 +41,9 @@ from mcp.server.context import ServerRequestContext
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from sandbox_runtime.errors import InvalidTenant, PolicyError
+from sandbox_runtime.policy.mcp import McpAuthPolicy
 from sandbox_runtime.state.audit import AuditLog
 from sandbox_runtime.tenancy import DEFAULT_TENANT, validate_tenant
-from sandbox_runtime.tenant_policy import McpAuthPolicy
 
 __all__ = ["AuthRefusalAudit", "JwtVerifier", "KeySet", "TenantAccessToken", "TokenRefused", "tenant_of"]
 

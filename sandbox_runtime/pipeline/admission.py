@@ -36,9 +36,9 @@ from pydantic import BaseModel, ConfigDict
 
 from sandbox_runtime.control import CallControl
 from sandbox_runtime.errors import AdmissionRefused, SandboxRuntimeError
+from sandbox_runtime.policy.admission import AdmissionPolicy
 from sandbox_runtime.telemetry.metrics import Metric, RuntimeMetrics, gauge, top_series
 from sandbox_runtime.telemetry.tracing import span
-from sandbox_runtime.tenant_policy import AdmissionPolicy
 
 __all__ = ["DISK_LOOK_S", "Admission", "Admitted", "TenantQuota"]
 

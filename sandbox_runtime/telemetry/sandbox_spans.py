@@ -28,8 +28,8 @@ from opentelemetry import context as otel_context
 from opentelemetry import trace
 from opentelemetry.trace import Span, Status, StatusCode
 
+from sandbox_runtime.policy.telemetry import TelemetryPolicy
 from sandbox_runtime.telemetry.tracing import tracer
-from sandbox_runtime.telemetry_policy import TelemetryPolicy
 
 __all__ = ["RunSpans"]
 

@@ -1,5 +1,5 @@
 """What the runtime tells its operator (``[telemetry]``): how many series its metrics may have and how much a run
-may trace from inside its sandbox. Part of :class:`~sandbox_runtime.policy.Policy`; every field has a documented
+may trace from inside its sandbox. A section of :class:`~sandbox_runtime.policy.Policy`; every field has a documented
 default in ``policies/``. Where traces go is not policy: the standard ``OTEL_*`` environment variables say it.
 """
 
@@ -7,15 +7,15 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
+
+from sandbox_runtime.policy.base import Section
 
 __all__ = ["TelemetryPolicy"]
 
 
-class TelemetryPolicy(BaseModel):
+class TelemetryPolicy(Section):
     """Bounds on the runtime's metrics and on the spans a run opens inside its sandbox."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
 
     metrics_tenant_series_max: Annotated[int, Field(ge=1, le=10_000)] = Field(
         50,
