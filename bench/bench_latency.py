@@ -52,7 +52,8 @@ from scale_cases import idle_density, pool_memory, rss_and_volumes, throughput
 
 from sandbox_runtime.api.runtime import Runtime
 from sandbox_runtime.sandbox.image import executor_image_tag
-from sandbox_runtime.sandbox.profile import PYTHON, code_user, exec_environment
+from sandbox_runtime.sandbox.profile import code_user, exec_environment
+from sandbox_runtime.sandbox.run_protocol import PYTHON
 
 BENCH_LABEL = "io.sandbox-runtime.bench"
 OFFICE_SCRIPT = """\

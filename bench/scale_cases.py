@@ -32,7 +32,9 @@ import docker
 
 from sandbox_runtime.api.runtime import Conversation, Runtime
 from sandbox_runtime.sandbox.exec_stream import read_cgroup_file
-from sandbox_runtime.sandbox.profile import LABEL_POOL_SLOT, PYTHON, code_user, exec_environment
+from sandbox_runtime.sandbox.labels import LABEL_POOL_SLOT
+from sandbox_runtime.sandbox.profile import code_user, exec_environment
+from sandbox_runtime.sandbox.run_protocol import PYTHON
 
 __all__ = ["idle_density", "pool_memory", "rss_and_volumes", "throughput"]
 

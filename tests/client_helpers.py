@@ -27,7 +27,7 @@ import openpyxl
 import pytest
 
 from sandbox_runtime.sandbox.docker.backend import DockerBackend
-from sandbox_runtime.sandbox.profile import LABEL_STATE_DIR
+from sandbox_runtime.sandbox.labels import LABEL_STATE_DIR
 from tests.clients.walk import (
     EXCEPTION_LINE,
     EXPORT_COLUMNS,

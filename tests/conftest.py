@@ -31,8 +31,8 @@ from sandbox_runtime.sandbox.backend import SandboxBackend
 from sandbox_runtime.sandbox.docker.backend import DockerBackend
 from sandbox_runtime.sandbox.fake.backend import FakeBackend
 from sandbox_runtime.sandbox.image import build_executor_image, executor_image_tag
+from sandbox_runtime.sandbox.labels import LABEL_RUNTIME
 from sandbox_runtime.sandbox.podman.backend import PodmanBackend
-from sandbox_runtime.sandbox.profile import LABEL_RUNTIME
 from sandbox_runtime.state.database import StateDB
 from sandbox_runtime.state.location import open_engine
 from sandbox_runtime.store.safe_paths import ResultsRoot

@@ -16,7 +16,8 @@ from typing import Any
 
 from sandbox_runtime.api.runtime import Runtime
 from sandbox_runtime.sandbox.backend import ExecRequest
-from sandbox_runtime.sandbox.profile import EXECUTOR, LABEL_CONVERSATION, PYTHON
+from sandbox_runtime.sandbox.labels import LABEL_CONVERSATION
+from sandbox_runtime.sandbox.run_protocol import EXECUTOR, PYTHON
 
 __all__ = ["code_processes", "run_processes", "sandbox_container"]
 

@@ -19,15 +19,14 @@ from sandbox_runtime.control import CallControl
 from sandbox_runtime.errors import SandboxGone
 from sandbox_runtime.policy import Policy
 from sandbox_runtime.sandbox.backend import ExecRequest
-from sandbox_runtime.sandbox.profile import (
+from sandbox_runtime.sandbox.labels import (
     LABEL_CONVERSATION,
     LABEL_CREATED_AT,
     LABEL_POLICY,
     LABEL_RUNTIME,
     LABEL_STATE_DIR,
-    code_user,
-    sandbox_identity,
 )
+from sandbox_runtime.sandbox.profile import code_user, sandbox_identity
 from sandbox_runtime.state.location import STATE_FILE, STATE_URL_FILE
 from sandbox_runtime.tools.run_python import RunPythonResult, run_python
 

@@ -18,7 +18,7 @@ import pytest
 from sandbox_runtime.api.runtime import Runtime
 from sandbox_runtime.errors import EngineUnavailable
 from sandbox_runtime.sandbox.docker.backend import DockerBackend
-from sandbox_runtime.sandbox.profile import LABEL_CONVERSATION
+from sandbox_runtime.sandbox.labels import LABEL_CONVERSATION
 from tests.conftest import FAKE_POLICY, SESSION, TEST_LABEL
 from tests.mcp_helpers import serve_command
 

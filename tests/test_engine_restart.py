@@ -29,7 +29,7 @@ from sandbox_runtime.api.conversation import Conversation
 from sandbox_runtime.errors import EngineLost, EngineUnavailable
 from sandbox_runtime.policy import Policy
 from sandbox_runtime.sandbox.docker.backend import DockerBackend
-from sandbox_runtime.sandbox.profile import LABEL_CONVERSATION, LABEL_STATE_DIR
+from sandbox_runtime.sandbox.labels import LABEL_CONVERSATION, LABEL_STATE_DIR
 from tests.conftest import SESSION, TEST_LABEL, RuntimeFactory
 from tests.engine_services import DOCKERD
 from tests.mcp_helpers import run_bounded, stdio_params, text_of

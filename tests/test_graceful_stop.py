@@ -21,7 +21,7 @@ from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 
 from sandbox_runtime.sandbox.docker.backend import DockerBackend
-from sandbox_runtime.sandbox.profile import LABEL_CONVERSATION, LABEL_POOL_SLOT, LABEL_STATE_DIR
+from sandbox_runtime.sandbox.labels import LABEL_CONVERSATION, LABEL_POOL_SLOT, LABEL_STATE_DIR
 from tests.conftest import FAKE_POLICY, SESSION, TEST_LABEL, RuntimeFactory, mounts_under
 from tests.mcp_helpers import line_starting, request_meta, run_bounded, serve_command, serve_process, text_of
 

@@ -23,7 +23,8 @@ from sandbox_runtime.sandbox.kubernetes.manifests import (
     left_to_the_cluster,
     pod_manifests,
 )
-from sandbox_runtime.sandbox.profile import LABEL_CONVERSATION, LABEL_RUNTIME, LABEL_STATE_DIR, container_spec
+from sandbox_runtime.sandbox.labels import LABEL_CONVERSATION, LABEL_RUNTIME, LABEL_STATE_DIR
+from sandbox_runtime.sandbox.profile import container_spec
 
 KUBERNETES_VERSION = "1.37"  # the newest schema kubernetes-validate bundles
 CRDS = Path(__file__).parent / "kube" / "agent-sandbox"

@@ -19,8 +19,8 @@ from sandbox_runtime.policy import MiB, Policy, load_policy, policy_from_mapping
 from sandbox_runtime.sandbox import canary
 from sandbox_runtime.sandbox.backend import SandboxBackend
 from sandbox_runtime.sandbox.docker.backend import DockerBackend
+from sandbox_runtime.sandbox.labels import LABEL_CONVERSATION, LABEL_RUNTIME, LABEL_STATE_DIR
 from sandbox_runtime.sandbox.manager import Removal
-from sandbox_runtime.sandbox.profile import LABEL_CONVERSATION, LABEL_RUNTIME, LABEL_STATE_DIR
 from sandbox_runtime.sandbox.selfcheck import SelfCheckReport, run_self_check
 from sandbox_runtime.store.quota import attached_loop_images, loop_quota_unavailable_reason
 from tests.conftest import SESSION, TEST_LABEL, RuntimeFactory, mounts_under

@@ -7,8 +7,9 @@ import pytest
 
 from sandbox_runtime.policy import load_policy
 from sandbox_runtime.sandbox.backend import ContainerSpec
+from sandbox_runtime.sandbox.labels import LABEL_RUNTIME
 from sandbox_runtime.sandbox.podman.spec import CPU_PERIOD_US, spec_generator
-from sandbox_runtime.sandbox.profile import LABEL_RUNTIME, container_spec
+from sandbox_runtime.sandbox.profile import container_spec
 
 
 def _spec(policy_name: str = "default") -> ContainerSpec:

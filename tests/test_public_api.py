@@ -83,9 +83,9 @@ def test_every_public_name_has_a_docstring() -> None:
     assert not missing, missing
 
 
-# what tools may use of the sandbox layer: the records of a run and of a sandbox, and the profile's request for a
+# what tools may use of the sandbox layer: the records of a run and of a sandbox, and the run protocol's request for a
 # run; never the backend seam, an engine, the manager or the pool (a tool reaches its sandbox through its handle)
-TOOLS_MAY_USE_OF_THE_SANDBOX = frozenset({"sandbox.runs", "sandbox.records", "sandbox.profile"})
+TOOLS_MAY_USE_OF_THE_SANDBOX = frozenset({"sandbox.runs", "sandbox.records", "sandbox.run_protocol"})
 
 
 def test_tools_never_import_the_backend_or_an_engine() -> None:

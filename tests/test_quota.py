@@ -14,7 +14,7 @@ from sandbox_runtime.api.runtime import Runtime
 from sandbox_runtime.errors import QuotaError
 from sandbox_runtime.policy import policy_from_mapping
 from sandbox_runtime.sandbox.docker.backend import DockerBackend
-from sandbox_runtime.sandbox.profile import LABEL_STATE_DIR
+from sandbox_runtime.sandbox.labels import LABEL_STATE_DIR
 from sandbox_runtime.store.quota import attached_loop_images, loop_quota_unavailable_reason, resolve_quota_mode
 from tests.conftest import SESSION, TEST_LABEL, RuntimeFactory
 

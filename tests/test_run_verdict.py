@@ -36,16 +36,9 @@ import pytest
 
 from sandbox_runtime.api.runtime import Conversation, Runtime
 from sandbox_runtime.policy import Policy
-from sandbox_runtime.sandbox.backend import ExecRequest, ExecResult, RunnerOutput
-from sandbox_runtime.sandbox.profile import (
-    PYTHON,
-    RunnerVerdict,
-    code_user,
-    exec_environment,
-    read_runner_verdict,
-    run_request,
-    runner_command,
-)
+from sandbox_runtime.sandbox.backend import ExecRequest, ExecResult, RunnerOutput, RunnerVerdict
+from sandbox_runtime.sandbox.profile import code_user, exec_environment
+from sandbox_runtime.sandbox.run_protocol import PYTHON, read_runner_verdict, run_request, runner_command
 from sandbox_runtime.tools.run_outcome import run_outcome
 from sandbox_runtime.tools.run_python import RunPythonResult
 from tests.conftest import SESSION, TEST_LABEL

@@ -24,7 +24,7 @@ from sandbox_runtime.mcp.gateway import Gateway
 from sandbox_runtime.policy import McpPolicy, UpstreamServer
 from sandbox_runtime.sandbox.backend import SandboxBackend
 from sandbox_runtime.sandbox.docker.backend import DockerBackend
-from sandbox_runtime.sandbox.profile import LABEL_CONVERSATION
+from sandbox_runtime.sandbox.labels import LABEL_CONVERSATION
 from sandbox_runtime.state.database import SCHEMA_VERSION, StateDB
 from tests.conftest import SESSION, TEST_LABEL, RuntimeFactory
 from tests.mcp_helpers import BUILTIN_TOOLS

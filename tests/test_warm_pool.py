@@ -19,13 +19,8 @@ from sandbox_runtime.api.runtime import Conversation, Runtime
 from sandbox_runtime.policy import Policy, load_policy
 from sandbox_runtime.sandbox.backend import ContainerInfo, SandboxBackend
 from sandbox_runtime.sandbox.docker.backend import DockerBackend
-from sandbox_runtime.sandbox.profile import (
-    LABEL_CONVERSATION,
-    LABEL_POLICY,
-    LABEL_POOL_SLOT,
-    LABEL_STATE_DIR,
-    sandbox_identity,
-)
+from sandbox_runtime.sandbox.labels import LABEL_CONVERSATION, LABEL_POLICY, LABEL_POOL_SLOT, LABEL_STATE_DIR
+from sandbox_runtime.sandbox.profile import sandbox_identity
 from sandbox_runtime.store.quota import attached_loop_images
 from tests.conftest import SESSION, TEST_LABEL, RuntimeFactory, mounts_under
 

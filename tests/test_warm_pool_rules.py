@@ -14,8 +14,9 @@ from sandbox_runtime.errors import SandboxError
 from sandbox_runtime.policy import Policy, load_policy
 from sandbox_runtime.sandbox.backend import ContainerInfo, ContainerSpec
 from sandbox_runtime.sandbox.fake.backend import FakeBackend
+from sandbox_runtime.sandbox.labels import LABEL_POOL_SLOT
 from sandbox_runtime.sandbox.pool import WarmPool
-from sandbox_runtime.sandbox.profile import LABEL_POOL_SLOT, PYTHON, run_request
+from sandbox_runtime.sandbox.run_protocol import PYTHON, run_request
 from tests.conftest import RuntimeFactory
 
 READY_WITHIN_S = 30.0

@@ -18,13 +18,8 @@ from sandbox_runtime.sandbox.kubernetes.manifests import (
     left_to_the_cluster,
     pod_manifests,
 )
-from sandbox_runtime.sandbox.profile import (
-    LABEL_CONVERSATION,
-    LABEL_POLICY,
-    LABEL_RUNTIME,
-    container_spec,
-    sandbox_identity,
-)
+from sandbox_runtime.sandbox.labels import LABEL_CONVERSATION, LABEL_POLICY, LABEL_RUNTIME
+from sandbox_runtime.sandbox.profile import container_spec, sandbox_identity
 from sandbox_runtime.tenancy import validate_conversation_id
 
 __all__ = ["add_kube_parser"]

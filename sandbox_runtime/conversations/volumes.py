@@ -19,8 +19,8 @@ from pathlib import Path
 
 from sandbox_runtime.errors import QuotaError, SandboxError
 from sandbox_runtime.sandbox.holds import own_hold
+from sandbox_runtime.sandbox.labels import LABEL_CONVERSATION
 from sandbox_runtime.sandbox.manager import SandboxManager
-from sandbox_runtime.sandbox.profile import LABEL_CONVERSATION
 from sandbox_runtime.state.database import StateDB
 from sandbox_runtime.store.folders import ConversationStore
 from sandbox_runtime.store.quota import attached_loop_images, release_loop_quota

@@ -33,7 +33,7 @@ from sandbox_runtime.sandbox.backend import (
 )
 from sandbox_runtime.sandbox.exec_stream import Caller, Watch
 from sandbox_runtime.sandbox.executor_channel import Channel, Exchange
-from sandbox_runtime.sandbox.profile import executor_command
+from sandbox_runtime.sandbox.run_protocol import executor_command
 from sandbox_runtime.sandbox.runs import VerdictName
 
 __all__ = ["Engine", "ResidentExecutors"]

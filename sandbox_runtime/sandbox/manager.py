@@ -32,16 +32,15 @@ from sandbox_runtime.policy import Policy
 from sandbox_runtime.sandbox.backend import ContainerInfo, ContainerSpec, SandboxBackend
 from sandbox_runtime.sandbox.canary import CANARY_CONVERSATION, CANARY_MAX_AGE_S, SelfCheckGate
 from sandbox_runtime.sandbox.holds import LABEL_LEASE, ConversationLocks, HostLocks, held_elsewhere, own_hold
-from sandbox_runtime.sandbox.profile import (
+from sandbox_runtime.sandbox.labels import (
     LABEL_CONVERSATION,
     LABEL_CREATED_AT,
     LABEL_POLICY,
     LABEL_POOL_SLOT,
     LABEL_RUNTIME,
     LABEL_STATE_DIR,
-    container_spec,
-    sandbox_identity,
 )
+from sandbox_runtime.sandbox.profile import container_spec, sandbox_identity
 from sandbox_runtime.sandbox.records import Removal, ResultsFolder, Sandbox, SandboxRecords
 from sandbox_runtime.sandbox.selfcheck import SelfCheckReport
 from sandbox_runtime.state.leases import HoldRecord, LeaseRecord

@@ -31,8 +31,8 @@ from typing import NamedTuple, Protocol
 from sandbox_runtime.errors import SandboxRuntimeError
 from sandbox_runtime.policy import PoolPolicy
 from sandbox_runtime.sandbox.backend import RunRequest
+from sandbox_runtime.sandbox.labels import LABEL_CREATED_AT, LABEL_POOL_SLOT
 from sandbox_runtime.sandbox.manager import SandboxManager
-from sandbox_runtime.sandbox.profile import LABEL_CREATED_AT, LABEL_POOL_SLOT
 from sandbox_runtime.sandbox.records import ResultsFolder
 
 __all__ = ["Pooled", "SlotFolders", "WarmPool"]

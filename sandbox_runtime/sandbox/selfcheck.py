@@ -18,7 +18,8 @@ from pydantic import BaseModel, ConfigDict
 from sandbox_runtime.errors import SandboxError
 from sandbox_runtime.policy import Policy
 from sandbox_runtime.sandbox.backend import ContainerSpec, EngineInfo, HostFacts, SandboxBackend
-from sandbox_runtime.sandbox.profile import PYTHON, SELFCHECK, exec_environment, run_by_exec, run_request
+from sandbox_runtime.sandbox.profile import exec_environment
+from sandbox_runtime.sandbox.run_protocol import PYTHON, SELFCHECK, run_by_exec, run_request
 
 __all__ = ["Check", "SelfCheckReport", "evaluate_probe", "probe_sandbox", "run_self_check"]
 

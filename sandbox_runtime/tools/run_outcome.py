@@ -2,7 +2,7 @@
 said (:class:`~sandbox_runtime.sandbox.runs.RunResult`), asked of no engine.
 
 The runner inside the sandbox ends every run it sees through with a verdict record (read by
-:func:`~sandbox_runtime.sandbox.profile.read_runner_verdict`): the script exited (its exit code is its own),
+:func:`~sandbox_runtime.sandbox.run_protocol.read_runner_verdict`): the script exited (its exit code is its own),
 the runner stopped it at the time limit or at an output cap, could not confine it, or could not end all it
 started. The script cannot forge that record (the runner's docstring says why), so an exit code alone never
 means a time limit or a cap: without a record every exit code is the script's own (``ok`` for 0, else

@@ -42,8 +42,8 @@ from sandbox_runtime.control import CallControl
 from sandbox_runtime.conversations.handle import SandboxHandle
 from sandbox_runtime.errors import InvalidToolArguments, PathNotFound, PathRejected
 from sandbox_runtime.policy import Policy
-from sandbox_runtime.sandbox.profile import PYTHON, run_request
 from sandbox_runtime.sandbox.records import Sandbox
+from sandbox_runtime.sandbox.run_protocol import PYTHON, run_request
 from sandbox_runtime.sandbox.runs import ExecResult, RunnerVerdict
 from sandbox_runtime.store.quota import QuotaUsage
 from sandbox_runtime.store.safe_paths import ResultsRoot

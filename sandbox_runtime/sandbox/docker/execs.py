@@ -28,7 +28,7 @@ from sandbox_runtime.errors import EngineLost, EngineUnavailable, SandboxError, 
 from sandbox_runtime.sandbox.backend import ExecRequest, ExecResult, RunRequest
 from sandbox_runtime.sandbox.docker.records import pid_in_container
 from sandbox_runtime.sandbox.exec_stream import Caller, Frames, Watch, read_cgroup_file, read_frames
-from sandbox_runtime.sandbox.profile import end_all_command
+from sandbox_runtime.sandbox.run_protocol import end_all_command
 
 __all__ = ["ExecCalls", "Execs"]
 

@@ -47,7 +47,7 @@ from sandbox_runtime.sandbox.backend import (
 from sandbox_runtime.sandbox.executors import ResidentExecutors
 from sandbox_runtime.sandbox.fake.executors import HostExecutorEngine, HostPlace
 from sandbox_runtime.sandbox.fake.run import RunnerLimits, end_group, run_command
-from sandbox_runtime.sandbox.profile import PYTHON, RUNNER, end_all_command
+from sandbox_runtime.sandbox.run_protocol import PYTHON, RUNNER, end_all_command
 
 __all__ = ["FakeBackend"]
 

@@ -27,7 +27,7 @@ from pathlib import Path
 from sandbox_runtime.errors import SandboxError
 from sandbox_runtime.sandbox.backend import RunRequest
 from sandbox_runtime.sandbox.exec_stream import Watch
-from sandbox_runtime.sandbox.profile import EXECUTOR, PYTHON
+from sandbox_runtime.sandbox.run_protocol import EXECUTOR, PYTHON
 
 __all__ = ["HostExecutorEngine", "HostPlace", "executor_path"]
 

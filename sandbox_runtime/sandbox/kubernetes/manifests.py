@@ -36,7 +36,8 @@ from typing import Any, Literal
 
 from sandbox_runtime.policy import Policy
 from sandbox_runtime.sandbox.backend import ContainerSpec
-from sandbox_runtime.sandbox.profile import KEEPER, LABEL_CONVERSATION, LABEL_RUNTIME, PYTHON
+from sandbox_runtime.sandbox.labels import LABEL_CONVERSATION, LABEL_RUNTIME
+from sandbox_runtime.sandbox.run_protocol import KEEPER, PYTHON
 
 __all__ = [
     "AGENT_SANDBOX_VERSION",

@@ -17,8 +17,9 @@ from pydantic import BaseModel, ConfigDict
 
 from sandbox_runtime.policy import Policy
 from sandbox_runtime.sandbox.kubernetes.manifests import left_to_the_cluster, pod_manifest
+from sandbox_runtime.sandbox.labels import LABEL_CONVERSATION, LABEL_RUNTIME
 from sandbox_runtime.sandbox.podman import PodmanBackend
-from sandbox_runtime.sandbox.profile import LABEL_CONVERSATION, LABEL_RUNTIME, container_spec
+from sandbox_runtime.sandbox.profile import container_spec
 from sandbox_runtime.sandbox.selfcheck import Check, probe_sandbox
 
 __all__ = ["PLAY_LEAVES_OUT", "PlayReport", "play_and_probe"]
