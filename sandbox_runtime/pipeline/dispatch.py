@@ -49,9 +49,7 @@ from sandbox_runtime.pipeline.observed import INFRASTRUCTURE, REFUSED, observed_
 from sandbox_runtime.pipeline.script_tools import PipelineScriptTools
 from sandbox_runtime.policy import Policy
 from sandbox_runtime.spill.budget import BudgetCandidate, BudgetDecision, plan_turn_budget
-from sandbox_runtime.spill.failures import spill_error
-from sandbox_runtime.spill.spiller import result_text, spill_result
-from sandbox_runtime.spill.streamed import TableStream
+from sandbox_runtime.spill.shown import shown_result, spill_rule
 from sandbox_runtime.state.audit import unsettled_detail
 from sandbox_runtime.state.database import StateDB
 from sandbox_runtime.telemetry.metrics import RuntimeMetrics
@@ -335,59 +333,31 @@ class Dispatcher:
         else:
             spec = self.tools.get(tool)
             mode, threshold = (spec.spill_mode, spec.threshold_chars) if spec else ("normal", None)
-        rule = self.policy.spill.tools.get(tool)
-        if rule is not None:
-            mode, threshold = rule.mode, rule.threshold_chars or threshold
-        return mode, threshold
+        return spill_rule(self.policy.spill, tool, mode, threshold)
 
     def _spill(self, call: Call) -> None:
-        """The call's result as the model will see it: its body spilled (or not), its error saved and shortened,
-        its notes after them."""
-        ret, tool, root = call.ret, call.target, call.ctx.root
-        call.is_error, call.error_path, call.warnings = ret.is_error, ret.error_path, []
-        call.body, call.stand_in, call.descriptor = "", None, None
-        mode, threshold = self._mode(call.item, tool)
-        now = dt.datetime.fromtimestamp(self._clock(), dt.UTC)
-        if mode == "self_bounded":
-            call.body = result_text(ret.content)
-        else:
-            spilled = spill_result(
-                root,
-                ret.content,
-                tool=tool,
-                call_id=call.call_id,
-                policy=self.policy.spill,
-                now=now,
-                threshold_chars=threshold,
-                durable=False,
-            )
-            call.body, call.stand_in, call.descriptor = spilled.text, spilled.stand_in, spilled.descriptor
-            call.warnings += [spilled.warning] if spilled.warning else []
-            if spilled.failed is not None:  # a table's rows stopped with an error: what came is kept
-                call.is_error, call.failure = True, call.failure or "tool_error"
-        if call.descriptor is None and ret.descriptor is not None:
-            call.descriptor = ret.descriptor  # a built file: described like a spill, shown inline in words
-        tail = []
-        if ret.error is not None:
-            failure = spill_error(
-                root,
-                ret.error,
-                tool=tool,
-                call_id=call.call_id,
-                keep_whole_chars=self.policy.spill.threshold_chars,
-                max_chars=self.policy.spill.inline_cap_chars,
-                durable=False,
-            )
-            tail.append(failure.text)
-            call.error_path = failure.error_path
-            call.warnings += [failure.warning] if failure.warning else []
-        if isinstance(ret.content, TableStream):
-            tail += ret.content.notes  # e.g. the rows were cut at a limit
-        if ret.note:
-            tail.append(ret.note)
-        call.tail = "\n".join(tail)
-        if call.descriptor is not None and call.descriptor.truncated_inline:
-            call.stand_in = None  # already the stand-in: nothing more to give way
+        """The call's result as the model will see it (:func:`~sandbox_runtime.spill.shown.shown_result`)."""
+        ret = call.ret
+        mode, threshold = self._mode(call.item, call.target)
+        shown = shown_result(
+            call.ctx.root,
+            ret.content,
+            error=ret.error,
+            note=ret.note,
+            built=ret.descriptor,
+            error_path=ret.error_path,
+            tool=call.target,
+            call_id=call.call_id,
+            mode=mode,
+            threshold_chars=threshold,
+            policy=self.policy.spill,
+            now=dt.datetime.fromtimestamp(self._clock(), dt.UTC),
+        )
+        call.body, call.stand_in, call.tail, call.descriptor = shown.body, shown.stand_in, shown.tail, shown.descriptor
+        call.error_path, call.warnings = shown.error_path, shown.warnings
+        call.is_error = ret.is_error or shown.rows_failed
+        if shown.rows_failed:
+            call.failure = call.failure or "tool_error"
 
     def _budget(
         self, ids: list[str], stored: dict[str, StoredResult], fresh: dict[str, Call], shown_before_chars: int
