@@ -1,23 +1,23 @@
 """A run's status is the runner's word, which the script cannot forge: every exit code is the script's own.
 
-The in-sandbox runner ends each run it sees through with a verdict record, the last line of stderr (its
-docstring says why the script cannot forge one). The host believes a record only when it closes stderr and
+The in-sandbox runner ends each run it sees through with a verdict line, the last line of stderr (its
+docstring says why the script cannot forge one). The host believes a verdict line only when it closes stderr and
 names the exec's exit code, and a verdict of the runner's own (``timeout``, ``output_limit``, ``not_started``,
 ``left_running``) only with the code the runner ends with for it. What each part below proves:
 
 * Every exit code 0..255, by ``raise SystemExit(n)`` (runc) and by ``os._exit(n)`` (runc and gVisor), and every
   signal that ends a process: in one sandbox run, real processes end that way and the image's own runner
-  functions turn each real wait status into the exit code and record the runner ends with; the host's reader
+  functions turn each real wait status into the exit code and verdict line the runner ends with; the host's reader
   and classifier then judge each ``ok`` (0) or ``error`` with the script's exit code. This part does not run
   the runner's ``main`` once per code; the full runs below show that ``main`` ends with exactly those.
-* The runner's own records, printed by the image's runner functions, are believed with their own exit code and
+* The runner's own verdict lines, printed by the image's runner functions, are believed with their own exit code and
   with no other of the 256.
 * Full ``run_python`` runs, under runc and under gVisor: scripts that exit 0, 1, 124 (at once), 125, 126, 127,
-  137 and 255 get their own exit code and ``ok``/``error``; a script that prints forged records, writes one
+  137 and 255 get their own exit code and ``ok``/``error``; a script that prints forged verdict lines, writes one
   straight into the runner's stderr, ends the runner, or prints gVisor's "sandbox lost" line is not believed;
   the runner is out of the script's reach (its memory, and under runc its descriptors); a real timeout and a
   real output cap still get their statuses.
-* A result with no record at all (a runner ended by a signal, or one that crashed) is the script's own: every
+* A result with no verdict line at all (a runner ended by a signal, or one that crashed) is the script's own: every
   exit code up to 128, and a sample above it (each of those asks the engine for a second whether the sandbox
   was being removed).
 """

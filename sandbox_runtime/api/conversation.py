@@ -28,7 +28,7 @@ from sandbox_runtime.models import (
     TurnReport,
 )
 from sandbox_runtime.pipeline.script_tools import PipelineScriptTools
-from sandbox_runtime.sandbox.records import Sandbox
+from sandbox_runtime.sandbox.manager_models import Sandbox
 from sandbox_runtime.spill.history import HistoryRebuild, rebuild_history
 from sandbox_runtime.store.folders import ConversationFolders
 from sandbox_runtime.store.quota import QuotaUsage

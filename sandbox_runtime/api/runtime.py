@@ -47,8 +47,8 @@ from sandbox_runtime.pipeline.dispatch import Dispatcher
 from sandbox_runtime.policy import Policy, load_policy
 from sandbox_runtime.sandbox.backend import SandboxBackend
 from sandbox_runtime.sandbox.engines import make_backend
+from sandbox_runtime.sandbox.manager_models import Removal
 from sandbox_runtime.sandbox.pool import WarmPool
-from sandbox_runtime.sandbox.records import Removal
 from sandbox_runtime.sandbox.selfcheck import SelfCheckReport
 from sandbox_runtime.spill.retention import RetentionReport, expire_results
 from sandbox_runtime.state.database import StateDB

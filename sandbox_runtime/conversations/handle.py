@@ -12,7 +12,7 @@ from sandbox_runtime.errors import EngineLost, SandboxGone
 from sandbox_runtime.policy import Policy
 from sandbox_runtime.sandbox.backend import RunRequest, ScriptCalls
 from sandbox_runtime.sandbox.holds import RunLock
-from sandbox_runtime.sandbox.records import Sandbox
+from sandbox_runtime.sandbox.manager_models import Sandbox
 from sandbox_runtime.sandbox.runs import RunResult
 from sandbox_runtime.store.folders import ConversationFolders
 from sandbox_runtime.store.quota import QuotaUsage

@@ -28,7 +28,7 @@ import re
 from pathlib import Path
 
 from sandbox_runtime.errors import QuotaError
-from sandbox_runtime.sandbox.records import ResultsFolder
+from sandbox_runtime.sandbox.manager_models import ResultsFolder
 from sandbox_runtime.store.folders import ConversationFolders, ConversationStore
 
 __all__ = ["PoolSlots", "ended_leases"]

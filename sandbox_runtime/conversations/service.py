@@ -33,8 +33,8 @@ from sandbox_runtime.sandbox.canary import CANARY_CONVERSATION
 from sandbox_runtime.sandbox.holds import LABEL_LEASE, ConversationLocks, HostLocks, RunLock
 from sandbox_runtime.sandbox.labels import LABEL_POOL_SLOT, LABEL_RUNTIME, LABEL_STATE_DIR
 from sandbox_runtime.sandbox.manager import SandboxManager
+from sandbox_runtime.sandbox.manager_models import Removal, ResultsFolder, Sandbox
 from sandbox_runtime.sandbox.pool import WarmPool
-from sandbox_runtime.sandbox.records import Removal, ResultsFolder, Sandbox
 from sandbox_runtime.sandbox.run_protocol import PYTHON, run_request
 from sandbox_runtime.state.database import StateDB
 from sandbox_runtime.store.folders import ConversationFolders, ConversationStore

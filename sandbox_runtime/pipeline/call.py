@@ -1,4 +1,4 @@
-"""One call through the pipeline: the record the dispatcher owns from the request to the stored decision
+"""One call through the pipeline: what the dispatcher holds of it from the request to the stored decision
 (:class:`Call`), how it runs (:class:`CallRunner`), and what is derived from it, each by one function: the decision
 kept for replay (:func:`stored_result`), the execution record (:func:`call_record`) and what the caller gets
 (:func:`outcome`).
@@ -261,7 +261,7 @@ class CallRunner:
 
     def _audit_judgement(self, request: ApprovalRequest, judged: Judgement, sent: dict[str, Any]) -> None:
         """An approval asked (and its answer), or a denial, in the audit trail (with the digest of the arguments
-        ``sent``, as the call's record has it)."""
+        ``sent``, as the call has it)."""
         if self.audit is None or not (judged.asked or judged.refusal is not None):
             return
         facts: dict[str, Any] = {

@@ -21,7 +21,7 @@ from sandbox_runtime.errors import ImageError, SelfCheckFailed
 from sandbox_runtime.policy import Policy
 from sandbox_runtime.sandbox.backend import ContainerSpec, SandboxBackend
 from sandbox_runtime.sandbox.labels import LABEL_CONVERSATION, LABEL_CREATED_AT
-from sandbox_runtime.sandbox.records import ResultsFolder
+from sandbox_runtime.sandbox.manager_models import ResultsFolder
 from sandbox_runtime.sandbox.selfcheck import SelfCheckReport, run_self_check
 
 __all__ = ["CANARY_CONVERSATION", "CANARY_MAX_AGE_S", "SelfCheckGate"]

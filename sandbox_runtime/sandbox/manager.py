@@ -2,7 +2,7 @@
 
 The manager owns containers only: it is handed a results folder to bind (made and mounted by the conversation
 service, :mod:`~sandbox_runtime.conversations`, which owns folders, quota volumes and conversation records), the
-per-conversation locks, and a :class:`~sandbox_runtime.sandbox.records.SandboxRecords` to keep its lease, holds
+per-conversation locks, and a :class:`~sandbox_runtime.sandbox.manager_models.SandboxRecords` to keep its lease, holds
 and sandbox rows in.
 
 * ``get_or_create`` returns the conversation's running container or starts one; after a runtime restart it
@@ -40,8 +40,8 @@ from sandbox_runtime.sandbox.labels import (
     LABEL_RUNTIME,
     LABEL_STATE_DIR,
 )
+from sandbox_runtime.sandbox.manager_models import Removal, ResultsFolder, Sandbox, SandboxRecords
 from sandbox_runtime.sandbox.profile import container_spec, sandbox_identity
-from sandbox_runtime.sandbox.records import Removal, ResultsFolder, Sandbox, SandboxRecords
 from sandbox_runtime.sandbox.selfcheck import SelfCheckReport
 from sandbox_runtime.state.leases import HoldRecord, LeaseRecord
 from sandbox_runtime.state.location import state_dir_in_use

@@ -33,7 +33,7 @@ from sandbox_runtime.policy import PoolPolicy
 from sandbox_runtime.sandbox.backend import RunRequest
 from sandbox_runtime.sandbox.labels import LABEL_CREATED_AT, LABEL_POOL_SLOT
 from sandbox_runtime.sandbox.manager import SandboxManager
-from sandbox_runtime.sandbox.records import ResultsFolder
+from sandbox_runtime.sandbox.manager_models import ResultsFolder
 
 __all__ = ["Pooled", "SlotFolders", "WarmPool"]
 

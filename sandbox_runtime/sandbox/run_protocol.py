@@ -73,7 +73,7 @@ def run_request(policy: Policy, timeout_s: float, program: Sequence[str]) -> Run
 def runner_command(request: RunRequest) -> tuple[str, ...]:
     """The exec command that runs the request's program under the per-exec runner (``run.py``).
 
-    Its exit code is the program's own; how the run ended is the runner's verdict record at the end of stderr,
+    Its exit code is the program's own; how the run ended is the runner's verdict line at the end of stderr,
     which :func:`read_runner_verdict` takes off (the runner's docstring says why the program cannot forge it).
     """
     return (
@@ -114,22 +114,22 @@ def run_by_exec(
 
 # the exit code the runner ends with for each of its own verdicts (``exited`` ends with the script's status)
 _VERDICT_EXITS: dict[str, int] = {"timeout": 124, "output_limit": 125, "not_started": 126, "left_running": 127}
-_RECORD = re.compile(
+_VERDICT_LINE = re.compile(
     rb"\0sandbox-runtime-verdict (?P<verdict>exited|timeout|output_limit|not_started|left_running) "
     rb"(?P<exit>\d{1,3}) (?P<signal>\d{1,2}|-) (?P<stream>stdout|stderr|-)\n\Z"
 )
-_RECORD_MAX_BYTES = 80
+_VERDICT_LINE_MAX_BYTES = 80
 
 
 def read_runner_verdict(result: ExecResult) -> tuple[ExecResult, RunnerVerdict | None]:
-    """The result as the script made it (the record taken off stderr) and the runner's verdict.
+    """The result as the script made it (the verdict line taken off stderr) and the runner's verdict.
 
-    The verdict is None (and the result unchanged) unless stderr ends with a well-formed record whose exit code
+    The verdict is None (and the result unchanged) unless stderr ends with a well-formed verdict line whose exit code
     is the exec's own and, for the runner's own verdicts, the code the runner ends with for that verdict. With
-    ``exited`` the exit code is the script's own. A record anywhere else in stderr is the script's text, and
+    ``exited`` the exit code is the script's own. A verdict line anywhere else in stderr is the script's text, and
     stays in it.
     """
-    match = _RECORD.search(result.stderr, max(0, len(result.stderr) - _RECORD_MAX_BYTES))
+    match = _VERDICT_LINE.search(result.stderr, max(0, len(result.stderr) - _VERDICT_LINE_MAX_BYTES))
     if match is None or result.exit_code is None or int(match["exit"]) != result.exit_code:
         return result, None
     verdict = cast(VerdictName, match["verdict"].decode())

@@ -1,7 +1,7 @@
 """How a ``run_python`` run ended, as one status: a pure function of what its runner, its command and the engine
 said (:class:`~sandbox_runtime.sandbox.runs.RunResult`), asked of no engine.
 
-The runner inside the sandbox ends every run it sees through with a verdict record (read by
+The runner inside the sandbox ends every run it sees through with a verdict line (read by
 :func:`~sandbox_runtime.sandbox.run_protocol.read_runner_verdict`): the script exited (its exit code is its own),
 the runner stopped it at the time limit or at an output cap, could not confine it, or could not end all it
 started. The script cannot forge that record (the runner's docstring says why), so an exit code alone never

@@ -15,7 +15,7 @@ cancelled          the caller cancelled the call: every process of the run was e
 =================  ===========================================================================================
 
 ``exit_code`` is the script's own exit status (128 + N when signal N ended it), whatever number it is: only the
-runner's verdict record, which the script cannot forge, says a run hit its time limit or an output cap, and
+runner's verdict line, which the script cannot forge, says a run hit its time limit or an output cap, and
 then ``exit_code`` is None (as when the script never ran, or the call was cancelled before it started).
 
 A sandbox removed from outside while a script runs (``sandbox-runtime gc``, or by hand) ends the run with
@@ -42,7 +42,7 @@ from sandbox_runtime.control import CallControl
 from sandbox_runtime.conversations.handle import SandboxHandle
 from sandbox_runtime.errors import InvalidToolArguments, PathNotFound, PathRejected
 from sandbox_runtime.policy import Policy
-from sandbox_runtime.sandbox.records import Sandbox
+from sandbox_runtime.sandbox.manager_models import Sandbox
 from sandbox_runtime.sandbox.run_protocol import PYTHON, run_request
 from sandbox_runtime.sandbox.runs import ExecResult, RunnerVerdict
 from sandbox_runtime.store.quota import QuotaUsage

@@ -2,7 +2,7 @@
 mapped, here. Commands in a sandbox (one exec read to its end, the resident executors' execs, how a command
 ended) are :mod:`~sandbox_runtime.sandbox.docker.execs`, which reaches the engine through this class's
 :class:`~sandbox_runtime.sandbox.docker.execs.ExecCalls`; the engine's JSON becomes our records in
-:mod:`~sandbox_runtime.sandbox.docker.records`.
+:mod:`~sandbox_runtime.sandbox.docker.facts`.
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ from sandbox_runtime.sandbox.backend import (
     ScriptCalls,
 )
 from sandbox_runtime.sandbox.docker.execs import Execs
-from sandbox_runtime.sandbox.docker.records import container_info, engine_info, knock
+from sandbox_runtime.sandbox.docker.facts import container_info, engine_info, knock
 from sandbox_runtime.sandbox.exec_stream import oom_kills, read_cgroup_file
 from sandbox_runtime.sandbox.executors import ResidentExecutors
 

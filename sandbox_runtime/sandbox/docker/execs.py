@@ -26,7 +26,7 @@ from typing import Any, Protocol
 from sandbox_runtime.control import CallControl
 from sandbox_runtime.errors import EngineLost, EngineUnavailable, SandboxError, SandboxGone
 from sandbox_runtime.sandbox.backend import ExecRequest, ExecResult, RunRequest
-from sandbox_runtime.sandbox.docker.records import pid_in_container
+from sandbox_runtime.sandbox.docker.facts import pid_in_container
 from sandbox_runtime.sandbox.exec_stream import Caller, Frames, Watch, read_cgroup_file, read_frames
 from sandbox_runtime.sandbox.run_protocol import end_all_command
 

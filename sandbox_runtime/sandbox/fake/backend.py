@@ -6,7 +6,7 @@ It confines nothing, and says so (``not_enforced``; the self-check reports the l
 runs as this process's user with its network, its whole filesystem and no memory, CPU or pids limit. What it
 keeps is the contract the rest of the runtime relies on: labels, listing, inspect, re-attach by label within the
 process, restart and remove ending a running command, ``SandboxGone`` for a removed container, the runner's
-statuses (exit codes, time limit with grace, output caps and the verdict record), the host's caps and deadline,
+statuses (exit codes, time limit with grace, output caps and the verdict line), the host's caps and deadline,
 cancel and progress. Runs go to the image's own resident executor, run as a host process
 (:mod:`~sandbox_runtime.sandbox.fake.executors`), so a script's ``import sandbox_tools`` calls the host's tools
 as it does in a sandbox; a plain exec (``exec``) keeps the runner's contract on the host

@@ -1,6 +1,6 @@
 """How the fake backend runs one command: a host process in a session of its own, read with caps and a deadline,
 and, for the runner's command, the runner's contract kept on the host (time limit with grace, output caps, the
-verdict record at the end of stderr, exit codes 124 and 125).
+verdict line at the end of stderr, exit codes 124 and 125).
 
 The real runner (``_data/images/executor/run.py``) cannot run on the host: its sweep signals every process of
 its uid (``kill(-1)``), which outside a sandbox is every process of the host's user. Here a run's processes are
@@ -27,7 +27,7 @@ __all__ = ["RunnerLimits", "end_group", "run_command"]
 _WAKE_S = 0.2  # the loop's longest sleep: cancel, progress and limits are looked at this often
 _CANCEL_DRAIN_S = 1.0
 _TIMEOUT_EXIT, _OUTPUT_LIMIT_EXIT = 124, 125
-_RECORD_MARK = b"\0sandbox-runtime-verdict "
+_VERDICT_MARK = b"\0sandbox-runtime-verdict "
 
 
 class RunnerLimits(NamedTuple):
@@ -39,9 +39,9 @@ class RunnerLimits(NamedTuple):
     stderr_max_bytes: int
 
 
-def _record(verdict: str, exit_status: int, signal_number: int | None = None, stream: str | None = None) -> bytes:
+def _verdict_line(verdict: str, exit_status: int, signal_number: int | None = None, stream: str | None = None) -> bytes:
     fields = (verdict, str(exit_status), "-" if signal_number is None else str(signal_number), stream or "-")
-    return _RECORD_MARK + " ".join(fields).encode() + b"\n"
+    return _VERDICT_MARK + " ".join(fields).encode() + b"\n"
 
 
 def end_group(process: subprocess.Popen[bytes], sig: int = signal.SIGKILL) -> None:
@@ -189,14 +189,17 @@ def _result(
 ) -> ExecResult:
     stream_name: Literal["stdout", "stderr"] | None = None if over is None else ("stdout", "stderr")[over]
     exit_code: int | None
-    record = b""
+    verdict_line = b""
     if outcome == "timeout" and runner is not None:
         end_group(process, signal.SIGTERM)  # then SIGKILL after the grace, as the run ends (run_command)
         with contextlib.suppress(subprocess.TimeoutExpired):
             process.wait(timeout=runner.grace_s)
-        exit_code, record = _TIMEOUT_EXIT, _record("timeout", _TIMEOUT_EXIT)
+        exit_code, verdict_line = _TIMEOUT_EXIT, _verdict_line("timeout", _TIMEOUT_EXIT)
     elif outcome == "cap" and runner is not None:
-        exit_code, record = _OUTPUT_LIMIT_EXIT, _record("output_limit", _OUTPUT_LIMIT_EXIT, stream=stream_name)
+        exit_code, verdict_line = (
+            _OUTPUT_LIMIT_EXIT,
+            _verdict_line("output_limit", _OUTPUT_LIMIT_EXIT, stream=stream_name),
+        )
         stream_name = None  # the runner stopped it: the host's own cap was not passed
     elif outcome in ("cap", "deadline"):
         exit_code = None  # the run's sweep ends it (run_command)
@@ -204,17 +207,17 @@ def _result(
         code = process.wait()
         exit_code = 128 - code if code < 0 else code
         if runner is not None and not cancelled:
-            record = _record("exited", exit_code, -code if code < 0 else None)
+            verdict_line = _verdict_line("exited", exit_code, -code if code < 0 else None)
     if cancelled:
-        exit_code, record = (None if process.poll() is None else 128 + signal.SIGKILL), b""
-    stderr = bytes(streams.data[1]) + record
+        exit_code, verdict_line = (None if process.poll() is None else 128 + signal.SIGKILL), b""
+    stderr = bytes(streams.data[1]) + verdict_line
     seen = (min(streams.seen[0], streams.keep[0]), min(streams.seen[1], streams.keep[1])) if runner else streams.seen
     return ExecResult(
         exit_code=exit_code,
         stdout=bytes(streams.data[0]),
         stderr=stderr,
         stdout_bytes_total=seen[0],
-        stderr_bytes_total=seen[1] + len(record),
+        stderr_bytes_total=seen[1] + len(verdict_line),
         over_cap=stream_name if outcome == "cap" else None,
         deadline_hit=outcome == "deadline",
         cancelled=cancelled,

@@ -37,7 +37,7 @@ import requests
 from sandbox_runtime.errors import EngineUnavailable, ImageError, SandboxError
 from sandbox_runtime.sandbox.backend import ContainerInfo, ContainerSpec, EngineInfo, ProgressCallback
 from sandbox_runtime.sandbox.docker.backend import DockerBackend, EngineWords
-from sandbox_runtime.sandbox.docker.records import engine_info
+from sandbox_runtime.sandbox.docker.facts import engine_info
 from sandbox_runtime.sandbox.podman.spec import spec_generator
 
 __all__ = ["PodmanBackend", "default_socket"]

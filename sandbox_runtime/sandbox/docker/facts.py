@@ -1,5 +1,5 @@
-"""What the Docker engine's JSON says, as our records, and the engine facts read beside it; no engine client here
-(only :mod:`~sandbox_runtime.sandbox.docker.backend` talks to the engine)."""
+"""Engine facts: what the Docker engine's JSON says, as our models, and the facts read beside it; no engine client
+here (only :mod:`~sandbox_runtime.sandbox.docker.backend` talks to the engine)."""
 
 from __future__ import annotations
 
