@@ -40,7 +40,7 @@ from sandbox_runtime.errors import (
     SandboxRuntimeError,
     SelfCheckFailed,
 )
-from sandbox_runtime.mcp.stdio_client import WATCH_COMMAND, ClientProcess, release_when_client_exits
+from sandbox_runtime.mcp.client_process import WATCH_COMMAND, ClientProcess, release_when_client_exits
 from sandbox_runtime.policy import load_policy
 from sandbox_runtime.tenancy import DEFAULT_TENANT, conversation_key, validate_conversation_key
 

@@ -8,7 +8,7 @@ Needs the ``mcp`` extra (``pip install 'sandbox-runtime[mcp]'``): the MCP SDK an
 only here. Bad configuration — the extra missing, a database that is not a readable SQLite file, an HTTP port
 in use, HTTP off loopback without a token — is one line on stderr and exit 2, before anything starts. When a
 stdio client process exits, the sandbox of its default conversation is ended (its folders stay; see
-:mod:`~sandbox_runtime.mcp.stdio_client`).
+:mod:`~sandbox_runtime.mcp.client_process`).
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 from sandbox_runtime.cli.common import add_log_format, say
 from sandbox_runtime.errors import PolicyError
-from sandbox_runtime.mcp.stdio_client import ClientProcess, start_watcher
+from sandbox_runtime.mcp.client_process import ClientProcess, start_watcher
 from sandbox_runtime.policy import Policy, load_policy
 from sandbox_runtime.telemetry.export import export_traces_from_environment
 

@@ -66,6 +66,7 @@ from sandbox_runtime.errors import (
     SandboxRuntimeError,
 )
 from sandbox_runtime.mcp.auth import tenant_of
+from sandbox_runtime.mcp.client_process import ClientProcess
 from sandbox_runtime.mcp.resources import SCHEME, mime_type, read_resource, result_uri
 from sandbox_runtime.mcp.results import (
     META_CALL_ID,
@@ -77,7 +78,6 @@ from sandbox_runtime.mcp.results import (
     tool_listing,
 )
 from sandbox_runtime.mcp.shutdown import STOPPING_CODE, STOPPING_MESSAGE, CallsInFlight
-from sandbox_runtime.mcp.stdio_client import ClientProcess
 from sandbox_runtime.mcp.task_methods import TaskMethods, TaskWork
 from sandbox_runtime.mcp.tasks import CANCEL_LOOK_S, TaskServer, TaskStore
 from sandbox_runtime.pipeline.admission import TenantQuota
