@@ -21,14 +21,15 @@ from sandbox_runtime.errors import (
     PathOutsideResults,
     UnsafeFileType,
 )
+from sandbox_runtime.policy import Policy
 from sandbox_runtime.store.capped import CappedReader
 from sandbox_runtime.store.safe_paths import ResultsRoot
 from sandbox_runtime.tables.source import ACCEPTED_FORMATS
 from sandbox_runtime.tools.read_file import (
-    READ_FILE_DESCRIPTION,
     ReadFileArgs,
     ReadFileResult,
     read_file,
+    read_file_description,
 )
 
 QUOTA = 64 * 1024 * 1024
@@ -371,11 +372,12 @@ def test_a_file_that_grows_while_read_is_read_no_further_than_the_cap(results: P
 
 # ------------------------------------------------------------------------------------------ the tool itself
 def test_the_description_tells_a_model_how_to_use_the_tool() -> None:
-    sentences = [s for s in READ_FILE_DESCRIPTION.split(". ") if s]
+    description = read_file_description(Policy())
+    sentences = [s for s in description.split(". ") if s]
     assert 2 <= len(sentences) <= 4
     for phrase in ["results folder", "offset", "limit", "500,000 characters", "export_table", "render_table"]:
-        assert phrase in READ_FILE_DESCRIPTION
-    assert ACCEPTED_FORMATS in READ_FILE_DESCRIPTION  # the table formats the table tools read, and only those
+        assert phrase in description
+    assert ACCEPTED_FORMATS in description  # the table formats the table tools read, and only those
     schema = ReadFileArgs.model_json_schema()
     assert set(schema["properties"]) == {"path", "offset", "limit"}
     assert schema["required"] == ["path"]

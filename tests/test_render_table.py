@@ -11,15 +11,15 @@ import pytest
 from pydantic import ValidationError
 
 from sandbox_runtime.errors import InvalidToolArguments, PathNotFound, PathOutsideResults, UnsafeFileType
-from sandbox_runtime.policy import SpillPolicy
+from sandbox_runtime.policy import Policy, SpillPolicy
 from sandbox_runtime.spill.spiller import spill_result
 from sandbox_runtime.store.safe_paths import ResultsRoot
 from sandbox_runtime.tools.render_table import (
-    RENDER_TABLE_DESCRIPTION,
     RenderTableArgs,
     RenderTableResult,
     markdown_cell,
     render_table,
+    render_table_description,
 )
 
 MAX_BYTES = 16 * 1024 * 1024
@@ -150,4 +150,4 @@ def test_csv_and_markdown_files_render_too(root: ResultsRoot, results: Path) -> 
 
 def test_the_description_names_the_cap_and_export_table() -> None:
     for phrase in ("Markdown", "2,000 rows", "export_table", "start", "count", "columns"):
-        assert phrase in RENDER_TABLE_DESCRIPTION
+        assert phrase in render_table_description(Policy())

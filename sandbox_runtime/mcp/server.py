@@ -84,6 +84,7 @@ from sandbox_runtime.pipeline.admission import TenantQuota
 from sandbox_runtime.pipeline.approval import ApprovalRequest, Approver
 from sandbox_runtime.pipeline.dispatch import ToolCall
 from sandbox_runtime.pipeline.turns import TurnGate
+from sandbox_runtime.policy import Policy
 from sandbox_runtime.tenancy import DEFAULT_TENANT, conversation_key, key_id, validate_conversation_id
 
 __all__ = ["META_CALL_ID", "META_CONVERSATION", "META_TURN", "McpService", "default_conversation"]
@@ -93,14 +94,20 @@ logger = logging.getLogger(__name__)
 _TURN_WAIT_S = 3600.0  # a finished call waits at most this long for the other calls of its turn
 _RESOURCES_LISTED_MAX = 500
 
-INSTRUCTIONS = (
-    "Tools of sandbox-runtime. Any result over 1,000 characters is saved to a file in /mnt/results and you get "
-    "its path, size, and for tables the row count and column names. Work with paths, not copied data: export a "
-    "result with export_table(source=<path>), draw it with render_table, read it in a run_python script, "
-    "attach a file for the user with attach_file. To filter or aggregate query results, change the query "
-    "(sql_query) rather than reading rows. To send a large value to a tool, write it to a file (write_file or a "
-    "script), then call delegate_call(tool, args_file=<path>) — two steps, the value is never retyped."
-)
+
+def instructions(policy: Policy) -> str:
+    """What the server tells the model of its tools as a whole, with the policy's spill threshold and results
+    folder."""
+    return (
+        f"Tools of sandbox-runtime. Any result over {policy.spill.threshold_chars:,} characters is saved to a file in "
+        f"{policy.sandbox.results_mount_path} and you get its path, size, and for tables the row count and column "
+        "names. Work with paths, not copied data: export a result with export_table(source=<path>), draw it with "
+        "render_table, read it in a run_python script, attach a file for the user with attach_file. To filter or "
+        "aggregate query results, change the query (sql_query) rather than reading rows. To send a large value to a "
+        "tool, write it to a file (write_file or a script), then call delegate_call(tool, args_file=<path>) — two "
+        "steps, the value is never retyped."
+    )
+
 
 Transport = Literal["stdio", "http"]
 
@@ -130,7 +137,7 @@ class McpService:
         self.server: Server[Any] = TaskServer(
             name,
             version=_version(),
-            instructions=INSTRUCTIONS,
+            instructions=instructions(runtime.policy),
             on_list_tools=self._list_tools,
             on_call_tool=self._call_tool,
             on_list_resources=self._list_resources,
@@ -312,7 +319,8 @@ class McpService:
             types.ResourceTemplate(
                 uri_template=f"{SCHEME}://conversations/{{conversation}}/results/{{+path}}",
                 name="results-file",
-                description="A file of a conversation's results folder (path relative to /mnt/results).",
+                description="A file of a conversation's results folder (path relative to "
+                f"{self.runtime.policy.sandbox.results_mount_path}).",
             ),
             types.ResourceTemplate(
                 uri_template=f"{SCHEME}://conversations/{{conversation}}/attachments/{{attachment_id}}",

@@ -17,7 +17,7 @@ from sandbox_runtime.spill.spiller import result_text, spill_result
 from sandbox_runtime.spill.streamed import TableStream
 from sandbox_runtime.store.safe_paths import ResultsRoot
 
-__all__ = ["ShownResult", "shown_result", "spill_rule"]
+__all__ = ["ShownResult", "shown_result", "spill_rule", "spill_threshold_chars"]
 
 
 @dataclass
@@ -42,6 +42,11 @@ def spill_rule(
     if rule is not None:
         mode, threshold_chars = rule.mode, rule.threshold_chars or threshold_chars
     return mode, threshold_chars
+
+
+def spill_threshold_chars(policy: SpillPolicy, tool: str) -> int:
+    """The length from which results of ``tool`` (one that declares no threshold of its own) are spilled."""
+    return spill_rule(policy, tool, "normal", None)[1] or policy.threshold_chars
 
 
 def shown_result(

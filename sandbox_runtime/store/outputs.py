@@ -329,7 +329,7 @@ def _files_full(usage: OutputsUsage) -> str:
     return (
         f"attach_file: this conversation already has {_attachments(usage.attachments)}, the most it may keep "
         f"(tools.outputs_files_max = {usage.files_max:,}); nothing was attached. Bundle the files into one archive "
-        "(e.g. a zip under /mnt/results/exports) and attach that, or tell the user the limit is reached."
+        "(e.g. a zip under exports/ in the results folder) and attach that, or tell the user the limit is reached."
     )
 
 

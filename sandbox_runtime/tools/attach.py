@@ -22,19 +22,24 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from sandbox_runtime.errors import InvalidToolArguments
 from sandbox_runtime.models import Attachment
-from sandbox_runtime.policy import ToolsPolicy
+from sandbox_runtime.policy import Policy, ToolsPolicy
 from sandbox_runtime.store.outputs import AttachmentStore, OutputsLimits
 from sandbox_runtime.store.safe_paths import ResultsRoot
 
-__all__ = ["ATTACH_FILE_DESCRIPTION", "AttachFileArgs", "Attachment", "attach_file"]
+__all__ = ["AttachFileArgs", "Attachment", "attach_file", "attach_file_description"]
 
 logger = logging.getLogger(__name__)
 
-ATTACH_FILE_DESCRIPTION = (
-    "Give the user a file from the results folder as a download (a report, an export). The file is copied as it "
-    "is and kept after the 7-day cleanup, within the conversation's attachments quota. Optional `filename` sets "
-    "the name the user sees."
-)
+
+def attach_file_description(policy: Policy) -> str:
+    """What the model is told of ``attach_file``, with the policy's retention."""
+    return (
+        "Give the user a file from the results folder as a download (a report, an export). The file is copied as it "
+        f"is and kept after the {policy.spill.retention_s / 86400:g}-day cleanup, within the conversation's "
+        "attachments quota. Optional `filename` sets the name the user sees."
+    )
+
+
 _DEFAULT_LIMITS = OutputsLimits.from_policy(ToolsPolicy())
 _UNSAFE = re.compile(r"[^A-Za-z0-9._ ()+-]+")
 _NAME_MAX_CHARS = 120

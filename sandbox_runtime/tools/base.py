@@ -28,6 +28,7 @@ from sandbox_runtime.errors import InvalidToolArguments
 from sandbox_runtime.models import Attachment, ResultDescriptor, SpillMode, ToolOutcome
 from sandbox_runtime.policy import Policy
 from sandbox_runtime.state.records import ExpiredFile
+from sandbox_runtime.store.path_rules import DEFAULT_MOUNT_PATH
 from sandbox_runtime.store.safe_paths import ResultsRoot
 from sandbox_runtime.tables.jsonio import nesting_depth
 
@@ -125,18 +126,36 @@ class ToolSpec:
     annotations: dict[str, Any] | None = None  # MCP tool annotations (readOnlyHint, destructiveHint, ...)
     output_schema: dict[str, Any] | None = None  # the JSON schema of the tool's structured result
     long_running: bool = False  # may run long: an MCP client may call it as a task
+    # where the results folder appears in the sandbox (the policy's): an argument model's descriptions give their
+    # examples under the default one, and the schema the model is shown names this one instead
+    results_path: str = DEFAULT_MOUNT_PATH
 
     def input_schema(self) -> dict[str, Any]:
-        """The JSON schema of the arguments (what MCP's ``tools/list`` shows); made once per argument model and shared,
-        so read it, never change it."""
+        """The JSON schema of the arguments (what MCP's ``tools/list`` shows); made once per argument model and
+        results folder and shared, so read it, never change it."""
         if self.arguments is not None:
-            return _model_schema(self.arguments)
+            return _model_schema(self.arguments, self.results_path)
         return self.schema or {"type": "object"}
 
 
 @functools.cache
-def _model_schema(model: type[BaseModel]) -> dict[str, Any]:
-    return model.model_json_schema()
+def _model_schema(model: type[BaseModel], results_path: str) -> dict[str, Any]:
+    schema = model.model_json_schema()
+    return schema if results_path == DEFAULT_MOUNT_PATH else _with_results_path(schema, results_path)
+
+
+def _with_results_path(node: Any, results_path: str) -> Any:
+    """A schema whose descriptions name ``results_path`` where they name the default results folder."""
+    if isinstance(node, dict):
+        return {
+            key: value.replace(DEFAULT_MOUNT_PATH, results_path)
+            if key == "description" and isinstance(value, str)
+            else _with_results_path(value, results_path)
+            for key, value in node.items()
+        }
+    if isinstance(node, list):
+        return [_with_results_path(item, results_path) for item in node]
+    return node
 
 
 def validate_arguments(spec: ToolSpec, raw: object, *, label: str | None = None, nesting_max: int | None = None) -> Any:

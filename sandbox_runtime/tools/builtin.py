@@ -2,28 +2,30 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 from sandbox_runtime.errors import InvalidToolArguments
 from sandbox_runtime.models import ResultDescriptor
 from sandbox_runtime.policy import Policy
 from sandbox_runtime.store.outputs import AttachmentStore, OutputsLimits
 from sandbox_runtime.tables.source import TableLimits
 from sandbox_runtime.telemetry.tracing import span
-from sandbox_runtime.tools.attach import ATTACH_FILE_DESCRIPTION, AttachFileArgs, attach_file
+from sandbox_runtime.tools.attach import AttachFileArgs, attach_file, attach_file_description
 from sandbox_runtime.tools.base import ToolContext, ToolReturn, ToolSpec
-from sandbox_runtime.tools.delegate import DELEGATE_CALL_DESCRIPTION, DelegateCallArgs
-from sandbox_runtime.tools.export_table import EXPORT_TABLE_DESCRIPTION, ExportTableArgs, export_table
+from sandbox_runtime.tools.delegate import DelegateCallArgs, delegate_call_description
+from sandbox_runtime.tools.export_table import ExportTableArgs, export_table, export_table_description
 from sandbox_runtime.tools.files import (
     EDIT_FILE_DESCRIPTION,
-    WRITE_FILE_DESCRIPTION,
     EditFileArgs,
     WriteFileArgs,
     edit_file,
     write_file,
+    write_file_description,
 )
-from sandbox_runtime.tools.read_file import READ_FILE_DESCRIPTION, ReadFileArgs, read_file
-from sandbox_runtime.tools.render_table import RENDER_TABLE_DESCRIPTION, RenderTableArgs, render_table
-from sandbox_runtime.tools.run_python import RUN_PYTHON_DESCRIPTION, RunPythonArgs, run_python_tool
-from sandbox_runtime.tools.sql_query import SQL_QUERY_DESCRIPTION, SqlQueryArgs, sql_query
+from sandbox_runtime.tools.read_file import ReadFileArgs, read_file, read_file_description
+from sandbox_runtime.tools.render_table import RenderTableArgs, render_table, render_table_description
+from sandbox_runtime.tools.run_python import RunPythonArgs, run_python_description, run_python_tool
+from sandbox_runtime.tools.sql_query import SqlQueryArgs, sql_query, sql_query_description
 
 __all__ = ["builtin_tools"]
 
@@ -119,11 +121,14 @@ _CHANGES = {"readOnlyHint": False, "destructiveHint": True, "idempotentHint": Fa
 
 def builtin_tools(policy: Policy | None = None) -> dict[str, ToolSpec]:
     """Every built-in tool by name, in the stable order ``tools/list`` shows them; ``sql_query`` when the
-    policy names a database."""
+    policy names a database. What the model is told of each (its description, its arguments' descriptions) names
+    the policy's values: its results folder, spill threshold and limits (without a policy: the default's)."""
+    policy = policy or Policy()
+    results = policy.sandbox.results_mount_path
     specs = [
         ToolSpec(
             "run_python",
-            RUN_PYTHON_DESCRIPTION,
+            run_python_description(policy),
             RunPythonArgs,
             run_python_tool,
             title="Run Python in the sandbox",
@@ -132,7 +137,7 @@ def builtin_tools(policy: Policy | None = None) -> dict[str, ToolSpec]:
         ),
         ToolSpec(
             "read_file",
-            READ_FILE_DESCRIPTION,
+            read_file_description(policy),
             ReadFileArgs,
             _read_file,
             spill_mode="self_bounded",
@@ -141,7 +146,7 @@ def builtin_tools(policy: Policy | None = None) -> dict[str, ToolSpec]:
         ),
         ToolSpec(
             "write_file",
-            WRITE_FILE_DESCRIPTION,
+            write_file_description(policy),
             WriteFileArgs,
             _write_file,
             title="Write a text file",
@@ -152,7 +157,7 @@ def builtin_tools(policy: Policy | None = None) -> dict[str, ToolSpec]:
         ),
         ToolSpec(
             "export_table",
-            EXPORT_TABLE_DESCRIPTION,
+            export_table_description(policy),
             ExportTableArgs,
             _export_table,
             title="Export a table to CSV or XLSX",
@@ -160,7 +165,7 @@ def builtin_tools(policy: Policy | None = None) -> dict[str, ToolSpec]:
         ),
         ToolSpec(
             "render_table",
-            RENDER_TABLE_DESCRIPTION,
+            render_table_description(policy),
             RenderTableArgs,
             _render_table,
             spill_mode="self_bounded",
@@ -169,7 +174,7 @@ def builtin_tools(policy: Policy | None = None) -> dict[str, ToolSpec]:
         ),
         ToolSpec(
             "attach_file",
-            ATTACH_FILE_DESCRIPTION,
+            attach_file_description(policy),
             AttachFileArgs,
             _attach_file,
             title="Attach a file for the user",
@@ -177,7 +182,7 @@ def builtin_tools(policy: Policy | None = None) -> dict[str, ToolSpec]:
         ),
         ToolSpec(
             "delegate_call",
-            DELEGATE_CALL_DESCRIPTION,
+            delegate_call_description(policy),
             DelegateCallArgs,
             _delegate_call,
             title="Call a tool with arguments from a file",
@@ -185,11 +190,11 @@ def builtin_tools(policy: Policy | None = None) -> dict[str, ToolSpec]:
             long_running=True,
         ),
     ]
-    if policy is not None and policy.sql.database_path is not None:
+    if policy.sql.database_path is not None:
         specs.append(
             ToolSpec(
                 "sql_query",
-                SQL_QUERY_DESCRIPTION,
+                sql_query_description(policy),
                 SqlQueryArgs,
                 _sql_query,
                 title="Query the database (read-only)",
@@ -197,4 +202,4 @@ def builtin_tools(policy: Policy | None = None) -> dict[str, ToolSpec]:
                 long_running=True,
             )
         )
-    return {spec.name: spec for spec in specs}
+    return {spec.name: dataclasses.replace(spec, results_path=results) for spec in specs}

@@ -21,26 +21,31 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from sandbox_runtime.errors import InvalidToolArguments
+from sandbox_runtime.policy import Policy
 from sandbox_runtime.store.safe_paths import ResultsRoot
 from sandbox_runtime.tables.jsonio import loads, nesting_depth, text_nesting_depth
 
 __all__ = [
-    "DELEGATE_CALL_DESCRIPTION",
     "DelegateCallArgs",
     "Expanded",
+    "delegate_call_description",
     "expand_delegate_call",
     "merge_patch",
     "resolve_pointer",
 ]
 
-DELEGATE_CALL_DESCRIPTION = (
-    "Call another tool with its arguments read from a JSON file instead of typed out — for large or exact "
-    "values (rows, bodies, call stacks) that must arrive unchanged. Two steps: 1) run_python reads the spilled "
-    "result (its path) and writes the arguments object to a file such as /mnt/results/args/create.json; "
-    "2) delegate_call {tool, args_file, overrides} sends it. `overrides` holds the values you decide yourself "
-    "(merged over the file as a JSON Merge Patch; null deletes a key). `args_file` may point into a JSON file "
-    "with a JSON Pointer after '#', e.g. /mnt/results/spill/search-c1.json#/items/0."
-)
+
+def delegate_call_description(policy: Policy) -> str:
+    """What the model is told of ``delegate_call``, with the policy's results folder."""
+    results = policy.sandbox.results_mount_path
+    return (
+        "Call another tool with its arguments read from a JSON file instead of typed out — for large or exact "
+        "values (rows, bodies, call stacks) that must arrive unchanged. Two steps: 1) run_python reads the spilled "
+        f"result (its path) and writes the arguments object to a file such as {results}/args/create.json; "
+        "2) delegate_call {tool, args_file, overrides} sends it. `overrides` holds the values you decide yourself "
+        "(merged over the file as a JSON Merge Patch; null deletes a key). `args_file` may point into a JSON file "
+        f"with a JSON Pointer after '#', e.g. {results}/spill/search-c1.json#/items/0."
+    )
 
 
 class DelegateCallArgs(BaseModel):

@@ -34,6 +34,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from sandbox_runtime.errors import InvalidToolArguments, PathExists, PathNotFound
+from sandbox_runtime.policy import Policy
 from sandbox_runtime.store.safe_paths import ResultsRoot, display_name
 from sandbox_runtime.tables.cells import Cell, ColumnType
 from sandbox_runtime.tables.source import (
@@ -55,24 +56,28 @@ from sandbox_runtime.tables.writers import (
 )
 
 __all__ = [
-    "EXPORT_TABLE_DESCRIPTION",
     "ExportColumn",
     "ExportFormat",
     "ExportResult",
     "ExportSort",
     "ExportTableArgs",
     "export_table",
+    "export_table_description",
 ]
 
 logger = logging.getLogger(__name__)
 
-EXPORT_TABLE_DESCRIPTION = (
-    "Export a table to a CSV or XLSX file in /mnt/results/exports/ by path: `source` is a saved tool result or "
-    "a table file (.table.jsonl, JSON, CSV/TSV, Markdown) — never copy rows into the call. Choose, order and "
-    "rename columns (`columns`: names or {name, header}), sort by one column (`sort`), and take a row range "
-    "(`start`, 0-based, and `count`). Filtering and grouping are not here on purpose: run the SQL query again "
-    "with WHERE / GROUP BY and export that result."
-)
+
+def export_table_description(policy: Policy) -> str:
+    """What the model is told of ``export_table``, with the policy's results folder."""
+    return (
+        f"Export a table to a CSV or XLSX file in {policy.sandbox.results_mount_path}/exports/ by path: `source` is "
+        "a saved tool result or a table file (.table.jsonl, JSON, CSV/TSV, Markdown) — never copy rows into the "
+        "call. Choose, order and rename columns (`columns`: names or {name, header}), sort by one column "
+        "(`sort`), and take a row range (`start`, 0-based, and `count`). Filtering and grouping are not here on "
+        "purpose: run the SQL query again with WHERE / GROUP BY and export that result."
+    )
+
 
 _EXPORTS = "exports"
 _UNSAFE_NAME = re.compile(r"[^A-Za-z0-9._-]+")

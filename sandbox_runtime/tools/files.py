@@ -13,25 +13,31 @@ import logging
 from pydantic import BaseModel, ConfigDict, Field
 
 from sandbox_runtime.errors import InvalidToolArguments, PathExists
+from sandbox_runtime.policy import Policy
 from sandbox_runtime.store.safe_paths import ResultsRoot
 
 __all__ = [
     "EDIT_FILE_DESCRIPTION",
-    "WRITE_FILE_DESCRIPTION",
     "EditFileArgs",
     "FileWritten",
     "WriteFileArgs",
     "edit_file",
     "write_file",
+    "write_file_description",
 ]
 
 logger = logging.getLogger(__name__)
 
-WRITE_FILE_DESCRIPTION = (
-    "Create a text file in the results folder (/mnt/results), e.g. a script that builds a report; run it with "
-    "run_python's script_path. Fails if the file exists unless overwrite is true. Change an existing file with "
-    "edit_file instead of writing it again."
-)
+
+def write_file_description(policy: Policy) -> str:
+    """What the model is told of ``write_file``, with the policy's results folder."""
+    return (
+        f"Create a text file in the results folder ({policy.sandbox.results_mount_path}), e.g. a script that builds "
+        "a report; run it with run_python's script_path. Fails if the file exists unless overwrite is true. Change "
+        "an existing file with edit_file instead of writing it again."
+    )
+
+
 EDIT_FILE_DESCRIPTION = (
     "Change a text file in the results folder by exact string replacement: `old` must occur exactly `count` "
     "times (default 1) and is replaced by `new`. Use it to fix a script instead of retyping it; include enough "

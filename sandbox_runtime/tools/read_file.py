@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 from pydantic import BaseModel, ConfigDict, Field
 
 from sandbox_runtime.errors import InvalidToolArguments, UnsafeFileType
+from sandbox_runtime.policy import Policy
 from sandbox_runtime.store.capped import CappedReader
 from sandbox_runtime.store.safe_paths import ResultsRoot, display_name
 from sandbox_runtime.tables.source import ACCEPTED_FORMATS
@@ -28,7 +29,14 @@ from sandbox_runtime.tools.base import model_arguments
 if TYPE_CHECKING:
     pass
 
-__all__ = ["DEFAULT_MAX_CHARS", "READ_FILE_DESCRIPTION", "ReadFileArgs", "ReadFileResult", "parse_args", "read_file"]
+__all__ = [
+    "DEFAULT_MAX_CHARS",
+    "ReadFileArgs",
+    "ReadFileResult",
+    "parse_args",
+    "read_file",
+    "read_file_description",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -37,14 +45,18 @@ _SNIFF_BYTES = 8 * 1024  # a NUL byte in this many leading bytes marks the file 
 _SKIP_CHARS = 64 * 1024  # lines before `offset` are skipped in pieces so one huge line never fills memory
 _COUNT_MAX_BYTES = 8 * 1024 * 1024  # the marker names the total line count only for files up to this size
 
-READ_FILE_DESCRIPTION = (
-    "Read a text file from the results folder (/mnt/results/... or a path relative to it) by line range: "
-    "`offset` is the first line to return (1-based, default 1) and `limit` the most lines to return. "
-    "One call returns at most 500,000 characters; a read cut short ends with a marker line saying which lines "
-    "were shown and the `offset` to continue from, so page through long files with offset/limit. "
-    f"For tables — {ACCEPTED_FORMATS} — prefer export_table or render_table with the path; binary files are "
-    "refused: inspect those, and Excel or Parquet tables, with run_python."
-)
+
+def read_file_description(policy: Policy) -> str:
+    """What the model is told of ``read_file``, with the policy's results folder and read cap."""
+    return (
+        f"Read a text file from the results folder ({policy.sandbox.results_mount_path}/... or a path relative to "
+        "it) by line range: `offset` is the first line to return (1-based, default 1) and `limit` the most lines to "
+        f"return. One call returns at most {policy.tools.read_max_chars:,} characters; a read cut short ends with a "
+        "marker line saying which lines were shown and the `offset` to continue from, so page through long files "
+        "with offset/limit. "
+        f"For tables — {ACCEPTED_FORMATS} — prefer export_table or render_table with the path; binary files are "
+        "refused: inspect those, and Excel or Parquet tables, with run_python."
+    )
 
 
 class ReadFileArgs(BaseModel):

@@ -29,6 +29,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from sandbox_runtime.errors import InvalidToolArguments
+from sandbox_runtime.policy import Policy
 from sandbox_runtime.store.safe_paths import ResultsRoot, display_name
 from sandbox_runtime.tables.cells import Cell, cell
 from sandbox_runtime.tables.source import TableLimits, open_table, select_columns
@@ -37,11 +38,11 @@ __all__ = [
     "DEFAULT_MAX_CELL_CHARS",
     "DEFAULT_MAX_CHARS",
     "DEFAULT_MAX_ROWS",
-    "RENDER_TABLE_DESCRIPTION",
     "RenderTableArgs",
     "RenderTableResult",
     "markdown_cell",
     "render_table",
+    "render_table_description",
 ]
 
 logger = logging.getLogger(__name__)
@@ -52,13 +53,16 @@ DEFAULT_MAX_CHARS = 100_000
 _HEADER_ROOM_CHARS = 1000  # what the header may leave at least: the marker and a row
 _LINE_BREAK = re.compile(r"\r\n|\r|\n")
 
-RENDER_TABLE_DESCRIPTION = (
-    "Show a table to the user as Markdown: give `source` (the path of a saved result or a table file) or inline "
-    "`rows` (a list of lists) with `columns` (their names). With a source, `columns` picks and orders columns. "
-    "`start` (0-based) and `count` choose the rows; at most 2,000 rows are rendered, long cells are cut and a "
-    "long table stops at a marker saying which rows it shows. To hand over more rows, build a CSV or XLSX file "
-    "with export_table from the path instead."
-)
+
+def render_table_description(policy: Policy) -> str:
+    """What the model is told of ``render_table``, with the policy's row cap."""
+    return (
+        "Show a table to the user as Markdown: give `source` (the path of a saved result or a table file) or inline "
+        "`rows` (a list of lists) with `columns` (their names). With a source, `columns` picks and orders columns. "
+        f"`start` (0-based) and `count` choose the rows; at most {policy.tools.render_rows_max:,} rows are rendered, "
+        "long cells are cut and a long table stops at a marker saying which rows it shows. To hand over more rows, "
+        "build a CSV or XLSX file with export_table from the path instead."
+    )
 
 
 class RenderTableArgs(BaseModel):

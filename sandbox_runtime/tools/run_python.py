@@ -45,6 +45,7 @@ from sandbox_runtime.policy import Policy
 from sandbox_runtime.sandbox.manager_models import Sandbox
 from sandbox_runtime.sandbox.run_protocol import PYTHON, run_request
 from sandbox_runtime.sandbox.runs import ExecResult, RunnerVerdict
+from sandbox_runtime.spill.shown import spill_threshold_chars
 from sandbox_runtime.store.quota import QuotaUsage
 from sandbox_runtime.store.safe_paths import ResultsRoot
 from sandbox_runtime.telemetry.tracing import Span, failed, span
@@ -61,11 +62,11 @@ from sandbox_runtime.tools.run_result import (
 from sandbox_runtime.tools.script_calls import RunScriptCalls
 
 __all__ = [
-    "RUN_PYTHON_DESCRIPTION",
     "InvalidToolArguments",
     "RunPythonArgs",
     "RunPythonResult",
     "run_python",
+    "run_python_description",
     "run_python_tool",
 ]
 
@@ -79,18 +80,21 @@ _LOCK_POLL_S = 0.2  # a cancelled call that waits for its conversation's lock gi
 _TOUCH_AFTER_S = 1.0  # a run this long records its end as the sandbox's last use too
 
 
-RUN_PYTHON_DESCRIPTION = (
-    "Run Python 3 in this conversation's sandbox (standard library plus openpyxl, python-docx and python-pptx; "
-    "no network, no pip). Give `code` for a few lines, or `script_path` for a script saved in the results "
-    "folder (/mnt/results) — edit long scripts there and run them by path instead of retyping them. Files "
-    "written under /mnt/results stay for the conversation. Results over 1,000 characters are saved to a file "
-    "and you get its path: read data from such paths in your script instead of copying values. A failure "
-    "returns the exception line and the path of the full error. A script can call tools itself — use that for "
-    "many calls, bodies taken from files or query rows, or one tool's result reshaped into another's arguments, "
-    "so the data never passes through you: `import sandbox_tools as tools`; `print(tools.list_tools())` names "
-    "those it may call; `r = tools.sql_query(query=...)` gives `r.text`, `r.path` (a saved result's file) and "
-    "`r.rows()`; `tools.some_tool(arg=value)` for each call; a failed or refused call raises `tools.ToolError`."
-)
+def run_python_description(policy: Policy) -> str:
+    """What the model is told of ``run_python``, with the policy's results folder and spill threshold."""
+    results, threshold = policy.sandbox.results_mount_path, spill_threshold_chars(policy.spill, "run_python")
+    return (
+        "Run Python 3 in this conversation's sandbox (standard library plus openpyxl, python-docx and python-pptx; "
+        "no network, no pip). Give `code` for a few lines, or `script_path` for a script saved in the results "
+        f"folder ({results}) — edit long scripts there and run them by path instead of retyping them. Files "
+        f"written under {results} stay for the conversation. Results over {threshold:,} characters are saved to a "
+        "file and you get its path: read data from such paths in your script instead of copying values. A failure "
+        "returns the exception line and the path of the full error. A script can call tools itself — use that for "
+        "many calls, bodies taken from files or query rows, or one tool's result reshaped into another's arguments, "
+        "so the data never passes through you: `import sandbox_tools as tools`; `print(tools.list_tools())` names "
+        "those it may call; `r = tools.sql_query(query=...)` gives `r.text`, `r.path` (a saved result's file) and "
+        "`r.rows()`; `tools.some_tool(arg=value)` for each call; a failed or refused call raises `tools.ToolError`."
+    )
 
 
 class RunPythonArgs(BaseModel):

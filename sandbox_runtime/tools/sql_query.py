@@ -21,20 +21,27 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from sandbox_runtime.errors import QueryFailed
-from sandbox_runtime.policy import SqlPolicy
+from sandbox_runtime.policy import Policy, SqlPolicy
+from sandbox_runtime.spill.shown import spill_threshold_chars
 from sandbox_runtime.spill.streamed import TableStream
 
-__all__ = ["SQL_QUERY_DESCRIPTION", "SqlQueryArgs", "sql_query"]
+__all__ = ["SqlQueryArgs", "sql_query", "sql_query_description"]
 
 logger = logging.getLogger(__name__)
 
-SQL_QUERY_DESCRIPTION = (
-    "Run one read-only SQL query (SQLite dialect) on the configured database and get the rows as a table. "
-    "Results over 1,000 characters are saved to a file: you get its path, the row count and the column names. "
-    "Pass that path to export_table (CSV/XLSX), render_table or a run_python script instead of copying rows. "
-    "To filter, sort or aggregate, write that into the SQL and query again (WHERE, ORDER BY, GROUP BY, LIMIT) "
-    "rather than reading rows yourself. Use `params` for values (? placeholders). Writes are impossible."
-)
+
+def sql_query_description(policy: Policy) -> str:
+    """What the model is told of ``sql_query``, with the policy's spill threshold."""
+    threshold = spill_threshold_chars(policy.spill, "sql_query")
+    return (
+        "Run one read-only SQL query (SQLite dialect) on the configured database and get the rows as a table. "
+        f"Results over {threshold:,} characters are saved to a file: you get its path, the row count and the column "
+        "names. "
+        "Pass that path to export_table (CSV/XLSX), render_table or a run_python script instead of copying rows. "
+        "To filter, sort or aggregate, write that into the SQL and query again (WHERE, ORDER BY, GROUP BY, LIMIT) "
+        "rather than reading rows yourself. Use `params` for values (? placeholders). Writes are impossible."
+    )
+
 
 _PROGRESS_STEPS = 10_000  # SQLite virtual-machine steps between two looks at the clock
 _FETCH_ROWS = 1_000
