@@ -24,8 +24,11 @@ raises, runs out of time or memory) are *results* with ``is_error`` set, never e
     │       └── PathExpired                    it named a file that retention removed (says when; re-run)
     ├── PolicyError (ValueError)               a policy file or value is invalid
     ├── InvalidConversationId (ValueError)     a conversation id has bad characters or length
+    ├── InvalidTenant (ValueError)             a tenant name is empty, too long, or holds control characters
     ├── ToolNameTaken (ValueError)             register_tool: a built-in or registered tool already has the name
     ├── ConversationDeleted                    the conversation was deleted; open it again from the runtime
+    ├── AdmissionRefused                       a tenant's call did not get its turn (the queue's wait, or the
+    │                                          tenant's disk share is full); nothing ran: retry after retry_after_s
     ├── ConversationInUse                      another live process uses the conversation (names it): it cannot be
     │                                          deleted or started afresh now
     ├── CallStillRunning                       the call id runs in another runtime (a replica) or thread and was not
