@@ -35,7 +35,7 @@ class RunOutcome(NamedTuple):
 
 
 def run_outcome(policy: Policy, result: ExecResult, verdict: RunnerVerdict | None, end: RunEnd) -> RunOutcome:
-    """The status of a finished run: its result with the runner's record taken off, the runner's verdict, and
+    """The status of a finished run: its result with the runner's verdict line taken off, the runner's verdict, and
     the engine's word on its end."""
     if result.cancelled:
         return RunOutcome("cancelled", removed=False)
