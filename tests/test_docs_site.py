@@ -41,8 +41,10 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
+import mcp
 import pytest
 import yaml
+from mcp import StdioServerParameters as StdioServer
 
 import sandbox_runtime
 from sandbox_runtime import FakeBackend, Runtime
@@ -50,6 +52,7 @@ from sandbox_runtime.cli.main import build_parser
 from sandbox_runtime.policy import Policy, policy_from_mapping
 from sandbox_runtime.tools.builtin import builtin_tools
 from tests.conftest import SESSION, TEST_LABEL
+from tests.mcp_helpers import server_environment
 
 PROJECT = Path(__file__).resolve().parent.parent
 DOCS = PROJECT / "docs"
@@ -306,8 +309,25 @@ def test_the_example_runs_as_written(name: str, executor_image: str, monkeypatch
             kwargs.setdefault("image", executor_image)
             super().__init__(*args, **kwargs)
 
+    served: list[str] = []  # the state directories of the servers an example's MCP client starts
+
+    def labelled_server(command: str, args: list[str], **kwargs: Any) -> mcp.StdioServerParameters:
+        """The server an example names as ``sandbox-runtime``, run by this interpreter with the test label."""
+        assert command == "sandbox-runtime"
+        served.append(args[args.index("--state-dir") + 1])
+        environment = server_environment() | {k: v for k, v in os.environ.items() if k == "PYTHONPATH"}
+        command_line = [sys.executable, "-m", "sandbox_runtime", "--label", f"{TEST_LABEL}={SESSION}", *args]
+        return StdioServer(command=command_line[0], args=command_line[1:], env=environment, **kwargs)
+
     monkeypatch.setattr(sandbox_runtime, "Runtime", LabelledRuntime)
-    _run(EXAMPLES[name], {"__name__": "docs"})
+    monkeypatch.setattr(mcp, "StdioServerParameters", labelled_server)
+    try:
+        _run(EXAMPLES[name], {"__name__": "docs"})
+    finally:
+        for state in served:  # the served conversation's sandbox, folders and quota volume, cleaned up
+            with LabelledRuntime(state, reap_interval_s=None, retention_interval_s=None) as runtime:
+                for record in runtime.state.conversations():
+                    runtime.conversation(record.id).delete()
 
 
 @pytest.mark.parametrize("name", sorted(EXAMPLES_WITHOUT_ENGINE))
