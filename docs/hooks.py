@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import enum
 import json
+import os
 import re
 import types
 import typing
@@ -173,6 +174,8 @@ def policy_table() -> str:
             "",
             f"### {title}",
             "",
+            '<div class="policy-keys" markdown>',  # the stylesheet keeps a key's name on one line
+            "",
             "| key | type | default | unit | description |",
             "| --- | --- | --- | --- | --- |",
         ]
@@ -180,6 +183,7 @@ def policy_table() -> str:
             f"| `{key.name}` | {_cell(key.type)} | `{_cell(key.default)}` | {key.unit} | {_cell(key.description)} |"
             for key in keys
         ]
+        out += ["", "</div>"]
     return "\n".join(out).strip() + "\n"
 
 
@@ -214,14 +218,14 @@ def _parsers(parser: argparse.ArgumentParser, prog: str) -> Iterator[tuple[str, 
     yield prog, parser
     for action in parser._actions:  # argparse keeps its subcommands only here
         if isinstance(action, argparse._SubParsersAction):
+            listed = {choice.dest for choice in action._choices_actions}  # those its own help lists
             for name, sub in action.choices.items():
-                yield from _parsers(sub, f"{prog} {name}")
+                if name in listed:  # not the internal ones (serve's watcher of a stdio client)
+                    yield from _parsers(sub, f"{prog} {name}")
 
 
 def cli_help() -> str:
     """``--help`` of the command and of every subcommand, as argparse prints it at 100 columns."""
-    import os  # noqa: PLC0415
-
     from sandbox_runtime.cli.main import build_parser  # noqa: PLC0415  (imported when the site is built)
 
     previous = os.environ.get("COLUMNS")
