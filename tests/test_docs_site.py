@@ -413,3 +413,12 @@ def test_every_key_the_policies_guide_explains_is_a_key_of_the_policy_models() -
     assert len(explained) > 40
     unknown = [path for path in explained if path not in known and path.removesuffix(".<name>") not in known]
     assert unknown == []
+
+
+def test_the_home_page_shows_the_readme_commands_word_for_word() -> None:
+    readme = (PROJECT / "README.md").read_text(encoding="utf-8")
+    home = (DOCS / "index.md").read_text(encoding="utf-8")
+    for marker in ("<!-- main-command -->", "<!-- test-command -->"):
+        found = re.search(re.escape(marker) + r"\n```[a-z]*\n(.*?)```", readme, re.DOTALL)
+        assert found
+        assert f"```bash\n{found.group(1)}```" in home, marker
