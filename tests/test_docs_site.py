@@ -47,9 +47,8 @@ import yaml
 from mcp import StdioServerParameters as StdioServer
 
 import sandbox_runtime
-from sandbox_runtime import FakeBackend, Runtime
+from sandbox_runtime import FakeBackend, Policy, Runtime
 from sandbox_runtime.cli.main import build_parser
-from sandbox_runtime.policy import Policy, policy_from_mapping
 from sandbox_runtime.tools.builtin import builtin_tools
 from tests.conftest import SESSION, TEST_LABEL
 from tests.mcp_helpers import server_environment
@@ -373,7 +372,7 @@ def check(block: Block) -> None:
                 for alias in node.names:
                     assert hasattr(module, alias.name), f"{block}: {node.module} has no {alias.name}"
     elif block.name == "toml-policy":
-        policy_from_mapping(tomllib.loads(block.code), str(block))
+        Policy().changed(tomllib.loads(block.code), str(block))  # the defaults with the fragment laid on top
     elif block.name == "toml":
         tomllib.loads(block.code)
     elif block.name == "json":
