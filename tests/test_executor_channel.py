@@ -25,6 +25,7 @@ REQUEST = RunRequest(
     user="10001:10001",
     timeout_s=5,
     grace_s=0,
+    deadline_margin_s=15,
     stdout_max_bytes=100,
     stderr_max_bytes=100,
     nproc_max=0,

@@ -16,7 +16,7 @@ from typing import Any
 
 from sandbox_runtime.api.runtime import Conversation, Runtime
 from sandbox_runtime.sandbox.exec_stream import read_cgroup_file
-from tests.conftest import Subject
+from tests.conftest import Subject, self_checked
 from tests.sandbox_processes import code_processes, run_processes
 from tests.test_containment import _conversation, _run, _runtime
 
@@ -210,10 +210,16 @@ def test_signals_that_end_a_process_by_default_leave_the_executor_serving(subjec
 def test_stopping_the_executor_from_a_run_ends_at_the_hosts_deadline_and_the_next_run_is_right(
     subject: Subject,
 ) -> None:
-    conversation = _conversation(subject, "stop-executor")
+    quick = subject.policy.changed(
+        {"run": {"host_deadline_margin_s": 2.0, "kill_grace_s": 0.5}}, "the test: short waits"
+    )
+    conversation = self_checked(subject.make(quick)).conversation(f"stop-executor-{uuid.uuid4().hex[:8]}")
     before = _executor_pid(conversation)
     result = _run(conversation, "import os, signal; os.kill(os.getppid(), signal.SIGSTOP)", timeout_s=1)
     assert result.status == "timeout", (result.status, result.message)  # the host's own deadline ended it
+    deadline = time.monotonic() + GONE_WITHIN_S  # the stopped executor was killed: its run's end is reaped at once
+    while run_processes(conversation.runtime, conversation.id) and time.monotonic() < deadline:
+        pass  # each listing is a command of its own: the loop is paced by it
     assert run_processes(conversation.runtime, conversation.id) == []
     assert _executor_pid(conversation) != before
     ok = conversation.run_python("raise SystemExit(3)")

@@ -15,6 +15,13 @@ class RunPolicy(Section):
     default_timeout_s: float = Field(60.0, gt=0, description="Wall-clock limit when the call names none.")
     max_timeout_s: float = Field(600.0, gt=0, description="Largest timeout_s a call may ask for.")
     kill_grace_s: float = Field(2.0, ge=0, le=30, description="SIGTERM to SIGKILL grace on timeout (seconds).")
+    host_deadline_margin_s: float = Field(
+        15.0,
+        gt=0,
+        le=600,
+        description="How long past a run's time limit and kill grace the host waits for the in-sandbox runner's "
+        "verdict before it ends the run itself (an executor that was stopped or wedged) and replaces the sandbox.",
+    )
     stdout_max_bytes: PositiveInt = Field(1 * MiB, description="Captured stdout cap; past it: output_limit.")
     stderr_max_bytes: PositiveInt = Field(1 * MiB, description="Captured stderr cap; past it: output_limit.")
     inline_code_max_bytes: PositiveInt = Field(1 * MiB, description="Largest inline `code` argument.")

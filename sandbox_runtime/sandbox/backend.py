@@ -53,7 +53,6 @@ __all__ = [
 ]
 
 HOST_CAP_MARGIN_BYTES = 64 * 1024  # the runner stops at cap + 1; the host's own cap is a backstop above it
-HOST_DEADLINE_MARGIN_S = 15.0  # the host's own deadline: the runner's time limit and grace, and this
 
 
 class _Model(BaseModel):
@@ -128,6 +127,9 @@ class RunRequest(_Model):
     working_dir: str = "/"
     timeout_s: float = Field(gt=0)
     grace_s: float = Field(ge=0)
+    deadline_margin_s: float = Field(
+        gt=0, description="How long past the time limit and grace the host waits for the runner's verdict."
+    )
     stdout_max_bytes: int = Field(gt=0, description="The runner's cap: it passes on at most cap + 1 bytes.")
     stderr_max_bytes: int = Field(gt=0)
     nproc_max: int = Field(ge=0, description="RLIMIT_NPROC of the run (0: none).")
@@ -135,7 +137,7 @@ class RunRequest(_Model):
     @property
     def deadline_s(self) -> float:
         """The host's own deadline, a backstop past the runner's time limit and grace."""
-        return self.timeout_s + self.grace_s + HOST_DEADLINE_MARGIN_S
+        return self.timeout_s + self.grace_s + self.deadline_margin_s
 
     @property
     def host_caps(self) -> tuple[int, int]:
