@@ -36,9 +36,12 @@ from sandbox_runtime.sandbox.podman.backend import PodmanBackend
 from sandbox_runtime.state.database import StateDB
 from sandbox_runtime.state.location import open_engine
 from sandbox_runtime.store.safe_paths import ResultsRoot
+from tests.fast_loop import mark_fast
+from tests.parallel import one_at_a_time
 from tests.postgres_cluster import PostgresCluster
 
-pytest_plugins = ["tests.postgres_cluster"]  # postgres_cluster (one per session) and postgres_url (a fresh database)
+# postgres_cluster (one per session) and postgres_url (a fresh database); how parallel workers take turns; the fast loop
+pytest_plugins = ["tests.postgres_cluster", "tests.parallel", "tests.fast_loop"]
 
 TEST_LABEL = "io.sandbox-runtime.test"
 SESSION = uuid.uuid4().hex[:12]
@@ -51,11 +54,15 @@ ENGINE_VARIABLES = {"docker": "DOCKER_HOST", "podman": "CONTAINER_HOST"}
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Mark every test that uses an engine (through any fixture) with that engine's name."""
+    """Mark every test that uses an engine (through any fixture) with that engine's name, and one that uses the
+    PostgreSQL server ``postgresql``; then the rest, with no process of its own either, ``fast``."""
     for item in items:
         for engine, fixture in ENGINE_FIXTURES.items():
             if fixture in getattr(item, "fixturenames", ()):
                 item.add_marker(getattr(pytest.mark, engine))
+        if "postgres_cluster" in getattr(item, "fixturenames", ()) and not item.get_closest_marker("postgresql"):
+            item.add_marker(pytest.mark.postgresql)
+    mark_fast(items)
 
 
 NO_ENGINE = "unix:///nonexistent/sandbox-runtime-tests-no-engine.sock"
@@ -93,10 +100,12 @@ def _engine(backend_class: type[Engine]) -> Iterator[Engine]:
     backend.close()
 
 
-def _image_on(backend: DockerBackend) -> str:
-    """The executor image in this engine's store, built (offline when no registry answers) when it is missing."""
+def _image_on(backend: DockerBackend, temp: pytest.TempPathFactory) -> str:
+    """The executor image in this engine's store, built (offline when no registry answers) when it is missing, by one
+    worker at a time."""
     tag = executor_image_tag()
-    return tag if backend.image_exists(tag) else build_executor_image(backend).tag
+    with one_at_a_time(temp, f"image-{backend.name}"):
+        return tag if backend.image_exists(tag) else build_executor_image(backend).tag
 
 
 @pytest.fixture(scope="session")
@@ -112,15 +121,15 @@ def podman_backend() -> Iterator[PodmanBackend]:
 
 
 @pytest.fixture(scope="session")
-def executor_image(docker_backend: DockerBackend) -> str:
+def executor_image(docker_backend: DockerBackend, tmp_path_factory: pytest.TempPathFactory) -> str:
     """The executor image on Docker."""
-    return _image_on(docker_backend)
+    return _image_on(docker_backend, tmp_path_factory)
 
 
 @pytest.fixture(scope="session")
-def podman_image(podman_backend: PodmanBackend) -> str:
+def podman_image(podman_backend: PodmanBackend, tmp_path_factory: pytest.TempPathFactory) -> str:
     """The executor image on Podman."""
-    return _image_on(podman_backend)
+    return _image_on(podman_backend, tmp_path_factory)
 
 
 @pytest.fixture
@@ -178,6 +187,16 @@ def docker_runtime_factory(
     for backend, _image in engines.values():
         for info in backend.list_containers({TEST_LABEL: SESSION, LABEL_RUNTIME: "1"}):
             backend.remove(info.id)
+
+
+def self_checked(runtime: Runtime) -> Runtime:
+    """The runtime once its fail-closed self-check passed (the canary runs once per process per sandbox
+    configuration, as for every runtime); runsc that this host refuses skips the test, or fails it when CI is set."""
+    report = runtime.manager.self_check()
+    if not report.ok and runtime.policy.sandbox.runtime == "runsc" and not os.environ.get("CI"):
+        pytest.skip(f"runsc is registered, but the runtime refuses it on this host: {report.summary()}")
+    assert report.ok, report.summary()
+    return runtime
 
 
 def _delete_everything(runtime: Runtime) -> None:

@@ -146,7 +146,8 @@ def test_a_script_past_the_memory_limit_ends_as_memory_limit_or_the_backend_says
 def test_a_sandbox_carries_the_runtimes_labels_and_is_found_by_them(subject: Subject) -> None:
     runtime = subject.make()
     sandbox = runtime.conversation("labels").sandbox()
-    (info,) = subject.backend.list_containers({LABEL_CONVERSATION: "labels", LABEL_RUNTIME: "1"})
+    own = {LABEL_CONVERSATION: "labels", LABEL_RUNTIME: "1", LABEL_STATE_DIR: str(runtime.state_dir.resolve())}
+    (info,) = subject.backend.list_containers(own)
     assert info.id == sandbox.container_id
     assert info.running
     assert info.labels[LABEL_STATE_DIR] == str(runtime.state_dir.resolve())
@@ -188,8 +189,11 @@ def test_gc_removes_the_sandbox_of_a_state_directory_that_is_gone(subject: Subje
     for store in (STATE_FILE, STATE_URL_FILE):  # as when the state directory was deleted (its store's file, either)
         (tmp_path / "doomed" / store).unlink(missing_ok=True)
     survivor = subject.make(sweep_on_start=False)  # gc by hand (a start sweeps as well)
-    assert container in {r.container_id for r in survivor.gc()}
-    assert subject.backend.inspect(container) is None
+    removed = {r.container_id: r.reason for r in survivor.gc()}
+    # every runtime on the engine sweeps such orphans: a parallel worker's may have been first (or be removing it)
+    assert container not in removed or "state directory is gone" in removed[container]
+    left = subject.backend.inspect(container)
+    assert left is None or (container not in removed and left.status == "removing"), left
 
 
 def test_close_removes_the_sandbox_and_keeps_the_folder(subject: Subject) -> None:

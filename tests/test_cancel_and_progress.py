@@ -9,7 +9,6 @@ the backend (not through the runner, whose start-up sweep would hide a process a
 from __future__ import annotations
 
 import itertools
-import os
 import re
 import textwrap
 import time
@@ -26,9 +25,8 @@ from sandbox_runtime.control import CallControl
 from sandbox_runtime.models import ToolCall
 from sandbox_runtime.policy import Policy
 from sandbox_runtime.tools.run_python import RunPythonResult, run_python
+from tests.conftest import RuntimeFactory, self_checked
 from tests.sandbox_processes import code_processes, run_processes, sandbox_container
-
-RuntimeFactory = Callable[..., Runtime]
 
 CANCEL_RETURNS_WITHIN_S = 3.0  # the backend ends every process within 2 s; the rest is reading and classifying
 WAIT_FOR_START_S = 60.0  # a first run may start the sandbox (and the self-check) first
@@ -76,12 +74,7 @@ def worker() -> Iterator[ThreadPoolExecutor]:
 
 def _checked_runtime(runtime_factory: RuntimeFactory, policy: Policy) -> Runtime:
     """A runtime whose self-check passed; runsc refused by this host is skipped (and fails under CI)."""
-    runtime = runtime_factory(policy)
-    report = runtime.doctor()
-    if not report.ok and policy.sandbox.runtime == "runsc" and not os.environ.get("CI"):
-        pytest.skip(f"runsc is registered, but the runtime refuses it on this host: {report.summary()}")
-    assert report.ok, report.summary()
-    return runtime
+    return self_checked(runtime_factory(policy))
 
 
 def _wait_for(condition: Callable[[], bool], timeout_s: float) -> bool:

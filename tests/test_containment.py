@@ -29,7 +29,7 @@ from sandbox_runtime.api.runtime import Conversation, Runtime
 from sandbox_runtime.policy import Policy
 from sandbox_runtime.sandbox.profile import exec_environment
 from sandbox_runtime.tools.run_python import RunPythonResult
-from tests.conftest import Subject
+from tests.conftest import Subject, self_checked
 
 SIGABRT_EXIT = 128 + 6
 
@@ -40,13 +40,8 @@ def _is_gvisor(policy: Policy) -> bool:
 
 
 def _runtime(subject: Subject) -> Runtime:
-    """A runtime whose fail-closed self-check passed (its report is kept, so no second canary starts)."""
-    runtime = subject.make()
-    report = runtime.doctor()
-    if not report.ok and _is_gvisor(subject.policy) and not os.environ.get("CI"):
-        pytest.skip(f"runsc is registered, but the runtime refuses it on this host: {report.summary()}")
-    assert report.ok, report.summary()
-    return runtime
+    """A runtime whose fail-closed self-check passed."""
+    return self_checked(subject.make())
 
 
 def _conversation(subject: Subject, name: str) -> Conversation:

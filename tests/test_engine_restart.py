@@ -8,9 +8,9 @@ left: no container, no second quota mount, no container processes. An MCP client
 that names the cause, and the server goes on serving.
 
 These tests stop and start the engine CI starts (``dockerd`` with our config file, its pid in
-/var/run/docker.pid: :data:`tests.engine_services.DOCKERD`), so nothing else may use Docker while they run (the
-suite runs one test at a time). They refuse to touch an engine this project did not start: outside CI they skip,
-under CI they fail.
+/var/run/docker.pid: :data:`tests.engine_services.DOCKERD`), so nothing else may use an engine while they run (the
+module is marked ``engine_restart``: parallel workers leave the engines to it, tests/parallel.py). They refuse to
+touch an engine this project did not start: outside CI they skip, under CI they fail.
 """
 
 from __future__ import annotations
@@ -34,6 +34,7 @@ from tests.conftest import SESSION, TEST_LABEL, RuntimeFactory
 from tests.engine_services import DOCKERD
 from tests.mcp_helpers import run_bounded, stdio_params, text_of
 
+pytestmark = pytest.mark.engine_restart  # the engines are this module's alone while it runs (tests/parallel.py)
 ENGINE_STOP_S = DOCKERD.stop_wait_s
 STARTED_WAIT_S = 60.0
 # the script marks that it runs, then waits far longer than the test: only the engine's end can end it

@@ -19,6 +19,8 @@ from sandbox_runtime.sandbox.podman import PodmanBackend
 from tests.conftest import RuntimeFactory
 from tests.engine_services import PODMAN_SERVICE
 
+pytestmark = pytest.mark.engine_restart  # the engines are this module's alone while it runs (tests/parallel.py)
+
 
 @pytest.fixture
 def service_pid(podman_backend: PodmanBackend) -> int:

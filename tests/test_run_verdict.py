@@ -25,7 +25,6 @@ names the exec's exit code, and a verdict of the runner's own (``timeout``, ``ou
 from __future__ import annotations
 
 import json
-import os
 import textwrap
 import uuid
 from collections.abc import Iterator
@@ -41,7 +40,7 @@ from sandbox_runtime.sandbox.profile import code_user, exec_environment
 from sandbox_runtime.sandbox.run_protocol import PYTHON, read_runner_verdict, run_request, runner_command
 from sandbox_runtime.tools.run_outcome import run_outcome
 from sandbox_runtime.tools.run_python import RunPythonResult
-from tests.conftest import SESSION, TEST_LABEL
+from tests.conftest import SESSION, TEST_LABEL, self_checked
 
 RUNNER_OWN_EXITS = {"timeout": 124, "output_limit": 125, "not_started": 126, "left_running": 127}
 RUNNER_WORDS = ("time limit", "printed more than", "could not confine", "could not be ended")
@@ -64,10 +63,7 @@ def conversation(
         extra_labels={TEST_LABEL: SESSION},
     )
     try:
-        report = runtime.doctor()
-        if not report.ok and containment_policy.sandbox.runtime == "runsc" and not os.environ.get("CI"):
-            pytest.skip(f"runsc is registered, but the runtime refuses it on this host: {report.summary()}")
-        assert report.ok, report.summary()
+        self_checked(runtime)
         yield runtime.conversation(f"verdict-{uuid.uuid4().hex[:8]}")
     finally:
         for record in runtime.state.conversations():
