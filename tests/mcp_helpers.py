@@ -10,8 +10,8 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Awaitable, Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
 from typing import Any, TypeVar, cast
 
@@ -21,7 +21,9 @@ import openpyxl
 from mcp import Client, StdioServerParameters
 from mcp.client.session import ClientRequestContext
 
+from sandbox_runtime.api.runtime import Runtime
 from sandbox_runtime.cli.sample_data import SAMPLE_ORDER_COLUMNS
+from sandbox_runtime.mcp.server import McpService
 from tests.conftest import ENGINE_VARIABLES, SESSION, TEST_LABEL
 
 T = TypeVar("T")
@@ -47,6 +49,14 @@ def run_bounded(scenario: Callable[..., Awaitable[T]], *args: Any, limit_s: floa
             return await scenario(*args)
 
     return anyio.run(bounded)
+
+
+@asynccontextmanager
+async def in_process_client(runtime: Runtime, **options: Any) -> AsyncIterator[Client]:
+    """The MCP SDK's client of the server ``serve`` runs over stdio, on ``runtime``, in this process (the SDK's
+    in-memory transport): for tests of what the server answers, where no transport is what is tested."""
+    async with Client(McpService(runtime, transport="stdio").server, **options) as client:
+        yield client
 
 
 def serve_command(state_dir: Path, *serve_args: str, policy: Path | str | None = None) -> list[str]:

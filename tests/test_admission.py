@@ -268,6 +268,7 @@ async def _flood_then_single(url: str, issuer: Any) -> dict[str, Any]:
     return seen
 
 
+@pytest.mark.process
 def test_one_tenants_flood_of_twenty_runs_does_not_hold_up_another_tenants_single_call(
     crowded_server: tuple[str, Any],
 ) -> None:

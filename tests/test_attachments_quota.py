@@ -266,6 +266,7 @@ store.add(io.FileIO(0, "r", closefd=False), "report.bin", max_bytes=64 << 20, sh
 """
 
 
+@pytest.mark.process
 def test_an_attach_killed_mid_copy_leaves_nothing_that_counts_and_the_next_one_proceeds(
     root: ResultsRoot, results: Path, tmp_path: Path
 ) -> None:

@@ -7,9 +7,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
-import subprocess
-import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -22,17 +19,15 @@ from sandbox_runtime.pipeline.approval import ApprovalRequest
 from sandbox_runtime.policy import load_policy
 from sandbox_runtime.state.audit import AuditEntry
 from sandbox_runtime.state.location import STATE_URL_VARIABLE
+from tests.cli_helpers import CliRun, run_cli
 from tests.conftest import RuntimeFactory
 
 SECRET = "value-that-must-never-be-in-the-audit-trail"  # noqa: S105  (a file's content, not a password)
 
 
-def _cli(state_dir: Path, url: str | None, *args: str) -> subprocess.CompletedProcess[str]:
-    env = {key: value for key, value in os.environ.items() if key != STATE_URL_VARIABLE}
-    if url is not None:
-        env[STATE_URL_VARIABLE] = url
-    command = [sys.executable, "-m", "sandbox_runtime.cli.main", "--state-dir", str(state_dir), "audit", *args]
-    return subprocess.run(command, capture_output=True, text=True, timeout=120, env=env, check=False)
+def _cli(state_dir: Path, url: str | None, *args: str) -> CliRun:
+    """``sandbox-runtime audit ARGS`` on the state directory, its state at ``url`` (None: the directory's SQLite)."""
+    return run_cli("--state-dir", str(state_dir), "audit", *args, env={STATE_URL_VARIABLE: url})
 
 
 def _busy(runtime: Runtime) -> None:

@@ -6,29 +6,17 @@ confines nothing."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import mcp_types as types
+import pytest
 from mcp import Client
 
 from sandbox_runtime.api.runtime import Runtime
 from sandbox_runtime.sandbox.fake import FakeBackend
+from tests.cli_helpers import run_cli
 from tests.mcp_helpers import run_bounded, stdio_params, structured, text_of
-
-
-def _cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "sandbox_runtime.cli.main", *args],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env=dict(os.environ),
-        check=False,
-    )
 
 
 def test_the_python_api_builds_the_backend_the_policy_names(tmp_path: Path, fake_policy_file: Path) -> None:
@@ -40,12 +28,12 @@ def test_the_python_api_builds_the_backend_the_policy_names(tmp_path: Path, fake
 
 
 def test_doctor_names_the_backend_and_says_loudly_what_it_leaves_out(tmp_path: Path, fake_policy_file: Path) -> None:
-    done = _cli("--state-dir", str(tmp_path / "state"), "--policy", str(fake_policy_file), "doctor")
+    done = run_cli("--state-dir", str(tmp_path / "state"), "--policy", str(fake_policy_file), "doctor")
     assert done.returncode == 1  # a backend that confines nothing never passes doctor
     assert "engine   fake" in done.stdout
     assert done.stdout.count("NOT ENFORCED") == len(FakeBackend.not_enforced)
     assert "confines nothing" in done.stderr
-    as_json = _cli("--state-dir", str(tmp_path / "state"), "--policy", str(fake_policy_file), "doctor", "--json")
+    as_json = run_cli("--state-dir", str(tmp_path / "state"), "--policy", str(fake_policy_file), "doctor", "--json")
     report = json.loads(as_json.stdout)
     assert (as_json.returncode, report["ok"], report["backend"]) == (1, False, "fake")
     assert report["not_enforced"] == list(FakeBackend.not_enforced)
@@ -55,15 +43,16 @@ def test_gc_ls_and_image_build_run_on_the_chosen_backend(tmp_path: Path, fake_po
     common = ("--state-dir", str(tmp_path / "state"), "--policy", str(fake_policy_file))
     with Runtime(tmp_path / "state", fake_policy_file, reap_interval_s=None, retention_interval_s=None) as runtime:
         runtime.conversation("listed").call("write_file", {"path": "a.txt", "content": "a"}, call_id="w")
-    listed = _cli(*common, "ls", "--json")
+    listed = run_cli(*common, "ls", "--json")
     assert listed.returncode == 0, listed.stderr
     assert [c["conversation"] for c in json.loads(listed.stdout)] == ["listed"]
-    collected = _cli(*common, "gc")
+    collected = run_cli(*common, "gc")
     assert collected.returncode == 0, collected.stderr
-    built = _cli(*common, "image", "build")
+    built = run_cli(*common, "image", "build")
     assert (built.returncode, built.stdout.strip()) == (0, "the fake backend runs no executor image: nothing to build")
 
 
+@pytest.mark.process
 def test_serve_runs_on_the_chosen_backend_for_a_real_mcp_client(tmp_path: Path, fake_policy_file: Path) -> None:
     state = tmp_path / "state"
     params = stdio_params(state, "--conversation", "served", policy=fake_policy_file)

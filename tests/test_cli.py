@@ -1,5 +1,6 @@
 """The command line as an operator uses it: doctor, image build, ls, gc, serve's start-up checks, and exit codes
-that mean something."""
+that mean something. The commands run in the test's process (tests/cli_helpers.py), except the entry points, ``serve
+--http`` and a stdio client's server, which run as the operator's own process would."""
 
 from __future__ import annotations
 
@@ -19,11 +20,14 @@ from sandbox_runtime.api.runtime import Runtime
 from sandbox_runtime.errors import EngineUnavailable
 from sandbox_runtime.sandbox.docker.backend import DockerBackend
 from sandbox_runtime.sandbox.labels import LABEL_CONVERSATION
+from tests.cli_helpers import CliRun
+from tests.cli_helpers import run_cli as cli
 from tests.conftest import FAKE_POLICY, SESSION, TEST_LABEL
 from tests.mcp_helpers import serve_command
 
 
-def cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+def serve_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """The command in a process of its own: ``serve --http`` (what it refuses before it listens is HTTP safety)."""
     return subprocess.run(
         [sys.executable, "-m", "sandbox_runtime.cli.main", *args],
         capture_output=True,
@@ -174,6 +178,7 @@ def test_doctor_shows_the_attachments_quota_of_the_policy(tmp_path: Path, execut
 
 
 # ------------------------------------------------------------------------------------ conventions of every command
+@pytest.mark.process
 def test_version_is_the_installed_one_from_the_script_and_from_python_m() -> None:
     expected = f"sandbox-runtime {importlib.metadata.version('sandbox-runtime')}"
     script = Path(sys.executable).with_name("sandbox-runtime")
@@ -182,6 +187,7 @@ def test_version_is_the_installed_one_from_the_script_and_from_python_m() -> Non
         assert (done.returncode, done.stdout.strip(), done.stderr) == (0, expected, "")
 
 
+@pytest.mark.process
 def test_python_m_sandbox_runtime_is_the_same_command(tmp_path: Path, fake_policy_file: Path) -> None:
     options = ("--state-dir", str(tmp_path / "state"), "--policy", str(fake_policy_file))
     done = subprocess.run(
@@ -197,7 +203,7 @@ def test_python_m_sandbox_runtime_is_the_same_command(tmp_path: Path, fake_polic
     assert usage.stderr.startswith("usage: sandbox-runtime ")
 
 
-def _one_line_usage_error(done: subprocess.CompletedProcess[str]) -> str:
+def _one_line_usage_error(done: subprocess.CompletedProcess[str] | CliRun) -> str:
     assert done.returncode == 2, done.stderr
     assert done.stdout == ""
     (line,) = done.stderr.splitlines()  # one line: never a traceback
@@ -232,6 +238,7 @@ def test_serve_refuses_a_database_named_by_the_policy_file_too(tmp_path: Path) -
     assert not state.exists()
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("host", ["127.0.0.1", "::1"])
 def test_serve_http_on_a_port_in_use_is_a_usage_error_at_start(tmp_path: Path, host: str) -> None:
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
@@ -244,14 +251,15 @@ def test_serve_http_on_a_port_in_use_is_a_usage_error_at_start(tmp_path: Path, h
         port = taken.getsockname()[1]
         shown = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
         state = tmp_path / "state"
-        line = _one_line_usage_error(cli("--state-dir", str(state), "serve", "--http", shown))
+        line = _one_line_usage_error(serve_cli("--state-dir", str(state), "serve", "--http", shown))
     assert line == f"error: cannot serve HTTP at {shown}: Address already in use"
     assert not state.exists()
 
 
+@pytest.mark.process
 def test_serve_http_off_loopback_without_a_token_is_a_usage_error(tmp_path: Path) -> None:
     env = {"SANDBOX_RUNTIME_MCP_TOKEN": ""}
-    line = _one_line_usage_error(cli("--state-dir", str(tmp_path / "s"), "serve", "--http", "0.0.0.0:0", env=env))
+    line = _one_line_usage_error(serve_cli("--state-dir", str(tmp_path / "s"), "serve", "--http", "0.0.0.0:0", env=env))
     assert "needs OAuth (mcp.auth) or a bearer token" in line
 
 

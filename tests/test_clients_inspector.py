@@ -43,6 +43,7 @@ def inspect(inspector: Path, server: list[str], *method: str) -> Any:
     return json.loads(done.stdout)
 
 
+@pytest.mark.process
 def test_the_inspector_lists_every_tool_with_a_title_and_annotations(
     inspector: Path, fake_served_state: Path, fake_policy_file: Path, tmp_path: Path
 ) -> None:
@@ -65,6 +66,7 @@ def test_the_inspector_lists_every_tool_with_a_title_and_annotations(
     assert tools["run_python"]["annotations"]["readOnlyHint"] is False
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("engine_policy", EVERY_BACKEND_POLICIES)
 def test_the_inspector_calls_run_python_and_shows_its_stdout_first(inspector: Path, served: Served) -> None:
     called = inspect(

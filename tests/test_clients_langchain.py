@@ -63,6 +63,7 @@ def test_langchain_starting_a_server_process_per_call_keeps_one_conversation_and
     assert most_alive_at_once(sandbox_events) == 1, sandbox_events
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("engine_policy", EVERY_BACKEND_POLICIES)
 def test_langchain_over_http_with_a_session_per_call_keeps_the_paths_it_was_given(
     served: Served, database: Path, langchain_python: Path

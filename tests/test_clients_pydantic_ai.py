@@ -22,6 +22,7 @@ def database(tmp_path: Path) -> Path:
     return make_sample_database(tmp_path / "shop.sqlite3", rows=360)
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("engine_policy", EVERY_BACKEND_POLICIES)
 def test_a_pydantic_ai_agent_exports_query_rows_by_path_and_its_model_reads_stdout_errors_and_files(
     served: Served, database: Path

@@ -60,6 +60,7 @@ async def _stateless_walk(url: str) -> dict[str, Any]:
     return {**model.report(), "offered": offered, "sent": sent}
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("engine_policy", EVERY_BACKEND_POLICIES)
 def test_a_stateless_client_keeps_its_paths_valid_from_one_request_to_the_next(served: Served, database: Path) -> None:
     with http_server(served.state, "--database", str(database), policy=served.policy) as url:

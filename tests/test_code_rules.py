@@ -38,6 +38,7 @@ def _tool(*command: str) -> subprocess.CompletedProcess[str]:
     [("ruff", "check", "."), ("ruff", "format", "--check", "."), ("mypy",)],
     ids=["ruff-check", "ruff-format", "mypy-strict"],
 )
+@pytest.mark.process
 def test_the_package_tests_and_benchmarks_pass_lint_format_and_strict_types(command: tuple[str, ...]) -> None:
     done = _tool(*command)
     assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]

@@ -13,6 +13,8 @@ import threading
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from sandbox_runtime import CallControl, ToolCall
 from sandbox_runtime.policy import policy_from_mapping
 from sandbox_runtime.store.quota import attached_loop_images
@@ -107,6 +109,7 @@ def _hold_lock_elsewhere(path: Path) -> subprocess.Popen[str]:
     return holder
 
 
+@pytest.mark.process
 def test_a_conversation_whose_volume_another_process_is_mounting_holds_up_no_other_conversation(
     fake_runtime_factory: RuntimeFactory,
 ) -> None:
@@ -224,6 +227,7 @@ def test_two_processes_run_one_conversations_code_one_run_at_a_time(
     assert spans == ["start", "end"] * 6  # one run at a time: never two starts in a row
 
 
+@pytest.mark.process
 def test_a_run_waits_while_another_process_runs_in_its_conversation_and_a_cancel_ends_the_wait(
     fake_runtime_factory: RuntimeFactory,
 ) -> None:

@@ -389,6 +389,7 @@ def check(block: Block) -> None:
             assert code == 0, f"{block}: sandbox-runtime {shlex.join(words)}: {errors}"
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("block", [block for block in BLOCKS if block.kind == "check"], ids=str)
 def test_the_block_is_what_its_marker_says(block: Block) -> None:
     check(block)

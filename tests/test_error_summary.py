@@ -282,6 +282,7 @@ def test_a_budget_below_the_minimum_is_refused() -> None:
         summarize_failure("x", exit_code=1, user_path_prefixes=[], error_file_path=ERROR_FILE, max_chars=100)
 
 
+@pytest.mark.process
 def test_a_long_exception_line_pushes_out_the_library_frame_before_the_user_frame(tmp_path: Path) -> None:
     run_dir = tmp_path.resolve()
     script = run_dir / "dates.py"
@@ -305,6 +306,7 @@ def test_a_long_exception_line_pushes_out_the_library_frame_before_the_user_fram
     assert len(summary.message) <= 2000
 
 
+@pytest.mark.process
 def test_a_fatal_error_in_a_script_whose_long_path_faulthandler_cut_still_names_the_users_frame(
     tmp_path: Path,
 ) -> None:

@@ -462,6 +462,7 @@ print(json.dumps({**export, "held": status("VmHWM") - base, "held_rows": len(hel
 """
 
 
+@pytest.mark.process
 def test_a_200000_row_export_sorted_in_runs_keeps_memory_bounded(
     root: ResultsRoot, results: Path, tmp_path: Path
 ) -> None:

@@ -57,6 +57,7 @@ async def read_blob(client: Client, uri: str) -> bytes:
     return contents.text.encode()
 
 
+@pytest.mark.process
 def test_an_mcp_client_gets_server_everythings_images_resources_annotations_and_progress_through_the_gateway(
     fake_runtime_factory: RuntimeFactory, fake_served_state: Path, fake_policy_file: Path
 ) -> None:

@@ -17,6 +17,7 @@ from typing import Any
 import anyio
 import httpx2
 import mcp_types as types
+import pytest
 from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 
@@ -131,6 +132,7 @@ def _said(lines: queue.Queue[str | None], text: str) -> bool:
     return any(line and text in line for line in list(lines.queue))
 
 
+@pytest.mark.process
 def test_a_second_signal_cancels_at_once_instead_of_waiting_out_the_grace(
     fake_runtime_factory: RuntimeFactory, fake_served_state: Path, tmp_path: Path
 ) -> None:

@@ -6,8 +6,6 @@ under ``podman kube play`` in ``tests/test_kube_play.py``."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +23,7 @@ from sandbox_runtime.sandbox.kubernetes.manifests import (
 )
 from sandbox_runtime.sandbox.labels import LABEL_CONVERSATION, LABEL_RUNTIME, LABEL_STATE_DIR
 from sandbox_runtime.sandbox.profile import container_spec
+from tests.cli_helpers import run_cli
 
 KUBERNETES_VERSION = "1.37"  # the newest schema kubernetes-validate bundles
 CRDS = Path(__file__).parent / "kube" / "agent-sandbox"
@@ -163,14 +162,8 @@ def test_what_a_pod_cannot_say_is_listed_never_dropped() -> None:
 
 @pytest.mark.parametrize("form", ["pod", "agent-sandbox"])
 def test_the_cli_prints_the_objects_as_yaml_with_what_is_left_to_the_cluster_first(form: str) -> None:
-    command = [sys.executable, "-m", "sandbox_runtime", "kube", "manifests", "--form", form]
-    done = subprocess.run(
-        [*command, "--conversation", "support-4711", "--image", "registry.example/executor@sha256:" + "a" * 64],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    image = "registry.example/executor@sha256:" + "a" * 64
+    done = run_cli("kube", "manifests", "--form", form, "--conversation", "support-4711", "--image", image)
 
     assert done.returncode == 0, done.stderr
     header = [line for line in done.stdout.splitlines() if line.startswith("#")]
@@ -187,13 +180,7 @@ def test_the_cli_prints_the_objects_as_yaml_with_what_is_left_to_the_cluster_fir
 
 
 def test_a_bad_conversation_id_is_a_usage_error() -> None:
-    done = subprocess.run(
-        [sys.executable, "-m", "sandbox_runtime", "kube", "manifests", "--conversation", "no/slashes"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    done = run_cli("kube", "manifests", "--conversation", "no/slashes")
     assert done.returncode == 2
     assert "conversation id" in done.stderr
 

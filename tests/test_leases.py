@@ -184,6 +184,7 @@ def test_two_runtimes_sharing_a_sandbox_leave_it_to_the_last_one_that_uses_it(
     assert _released(second, "both")
 
 
+@pytest.mark.process
 def test_a_lease_is_alive_only_while_its_very_process_runs(tmp_path: Path) -> None:
     state = StateDB(tmp_path / "state.sqlite3")
     mine = state.leases.open("digest")

@@ -22,6 +22,7 @@ from tests.mcp_helpers import (
     BUILTIN_TOOLS,
     call_meta,
     http_server,
+    in_process_client,
     run_bounded,
     stdio_params,
     structured,
@@ -54,10 +55,10 @@ async def cancel_a_long_run(client: Client, host: Runtime, conversation_id: str,
 
 
 def test_every_tool_says_what_it_is_and_every_result_carries_the_whole_text_in_both_channels(
-    served_state: Path,
+    runtime: Runtime,
 ) -> None:
     async def scenario() -> dict[str, Any]:
-        async with Client(stdio_params(served_state), read_timeout_seconds=120) as client:
+        async with in_process_client(runtime, read_timeout_seconds=120) as client:
             listed = {tool.name: tool for tool in (await client.list_tools()).tools}
             seen: dict[str, Any] = {"tools": listed}
             seen["small"] = await client.call_tool("run_python", {"code": "print(6 * 7)"})

@@ -24,6 +24,7 @@ from tests.mcp_helpers import (
     Elicitations,
     call_meta,
     http_server,
+    in_process_client,
     links_of,
     query_export_attach,
     request_meta,
@@ -50,6 +51,7 @@ def asking_before_attaching(tmp_path: Path, policy: Path | str) -> Path:
     return asking
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("engine_policy", EVERY_BACKEND_POLICIES)
 def test_a_client_over_stdio_walks_query_export_attach_with_an_approval(
     served: Served, database: Path, tmp_path: Path
@@ -93,6 +95,7 @@ def test_a_client_over_stdio_walks_query_export_attach_with_an_approval(
     run_bounded(scenario)
 
 
+@pytest.mark.process
 def test_a_declined_approval_is_a_tool_error_and_nothing_is_attached(
     fake_runtime_factory: RuntimeFactory,
     fake_served_state: Path,
@@ -120,12 +123,12 @@ def test_a_declined_approval_is_a_tool_error_and_nothing_is_attached(
 
 
 def test_a_client_without_elicitation_gets_the_policys_fallback(
-    fake_served_state: Path, fake_policy_file: Path, tmp_path: Path
+    fake_runtime_factory: RuntimeFactory, fake_policy_file: Path, tmp_path: Path
 ) -> None:
-    params = stdio_params(fake_served_state, policy=asking_before_attaching(tmp_path, fake_policy_file))
+    runtime = fake_runtime_factory(asking_before_attaching(tmp_path, fake_policy_file))
 
     async def scenario() -> None:
-        async with Client(params, mode="legacy") as client:
+        async with in_process_client(runtime, mode="legacy") as client:
             await client.call_tool("write_file", {"path": "/mnt/results/note.txt", "content": "hello"})
             refused = await client.call_tool("attach_file", {"path": "/mnt/results/note.txt"})
             assert refused.is_error
@@ -168,6 +171,7 @@ async def _http_client_calls(url: str, token: str) -> dict[str, Any]:
         return seen
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("engine_policy", EVERY_BACKEND_POLICIES)
 def test_http_needs_the_token_and_keeps_one_conversation_per_token_across_sessions(served: Served) -> None:
     state = served.state
@@ -211,6 +215,7 @@ def test_http_needs_the_token_and_keeps_one_conversation_per_token_across_sessio
     assert decided["host-call-7"].text == text_of(seen["named"])  # history can replay it byte for byte
 
 
+@pytest.mark.process
 def test_serving_http_off_loopback_without_a_token_is_refused_before_anything_starts(tmp_path: Path) -> None:
     command = serve_command(tmp_path / "state", "--http", "0.0.0.0:0")
     environment = {k: v for k, v in os.environ.items() if k != "SANDBOX_RUNTIME_MCP_TOKEN"}

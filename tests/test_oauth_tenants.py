@@ -141,6 +141,7 @@ def test_a_key_the_issuer_adds_later_is_fetched_when_a_token_names_it(server: OA
     assert server.issuer.fetches == fetched_before + 1  # fetched again once, for the kid it did not hold
 
 
+@pytest.mark.process
 def test_a_token_of_a_key_held_is_answered_while_a_fetch_for_a_made_up_kid_hangs(tmp_path: Path) -> None:
     # the fetch may take up to 60 s; each request below gives up after 30 s: a 200 while the endpoint is held can
     # only come from a check that did not wait for that fetch (neither answered nor timed out by then)
@@ -319,6 +320,7 @@ def test_stateless_requests_each_carry_their_tenant(server: OAuthServer) -> None
 SLEEPER = "import time\nopen('started.txt', 'w').write('x')\ntime.sleep(90)\nprint('never cancelled')"
 
 
+@pytest.mark.process
 def test_a_tenant_cannot_get_list_read_or_cancel_another_tenants_task(server: OAuthServer) -> None:
     require(SDK, "the TypeScript MCP SDK (@modelcontextprotocol/sdk)")
     request = {

@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 
 from sandbox_runtime.telemetry.metrics import RuntimeMetrics
@@ -153,12 +154,14 @@ def unknown_names(exprs: list[str]) -> list[str]:
 
 
 # -------------------------------------------------------------------------------------------- the rules file
+@pytest.mark.process
 def test_rules_pass_promtool_check() -> None:
     checked = promtool("check", "rules", str(RULES))
     assert checked.returncode == 0, checked.stdout + checked.stderr
     assert "SUCCESS" in checked.stdout
 
 
+@pytest.mark.process
 def test_rules_pass_their_unit_tests() -> None:
     tested = promtool("test", "rules", str(RULE_TESTS))
     assert tested.returncode == 0, tested.stdout + tested.stderr
@@ -218,6 +221,7 @@ def test_dashboard_names_only_exposed_metrics_and_defined_recordings() -> None:
             assert name in exposed or OTHER_METRICS.fullmatch(name), (title, name)
 
 
+@pytest.mark.process
 def test_dashboard_exprs_are_valid_promql(tmp_path: Path) -> None:
     """Each expression, with Grafana's variables put in, as a recording rule promtool must parse."""
     rules = []

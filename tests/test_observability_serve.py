@@ -163,6 +163,7 @@ def _get(url: str, token: str | None = None, host: str | None = None, method: st
         return refused.code, refused.read().decode()
 
 
+@pytest.mark.process
 def test_metrics_on_a_port_of_their_own_take_the_token_and_oauth_keeps_them_off_the_mcp_port(
     tmp_path: Path, fake_policy_file: Path
 ) -> None:
@@ -187,6 +188,7 @@ def test_metrics_on_a_port_of_their_own_take_the_token_and_oauth_keeps_them_off_
             assert process.wait(timeout=60) == 0
 
 
+@pytest.mark.process
 def test_metrics_on_loopback_without_a_token_answer_only_to_loopback_names(
     tmp_path: Path, fake_policy_file: Path
 ) -> None:
@@ -211,6 +213,7 @@ def test_metrics_on_loopback_without_a_token_answer_only_to_loopback_names(
         assert process.wait(timeout=60) == 0
 
 
+@pytest.mark.process
 def test_metrics_off_loopback_without_a_token_are_refused_before_anything_starts(
     tmp_path: Path, fake_policy_file: Path
 ) -> None:
@@ -229,6 +232,7 @@ def test_metrics_off_loopback_without_a_token_are_refused_before_anything_starts
         ("OTEL_TRACES_EXPORTER", "zipkin", "only otlp"),
     ],
 )
+@pytest.mark.process
 def test_an_exporter_setting_it_cannot_honour_is_refused_at_start(
     tmp_path: Path, fake_policy_file: Path, variable: str, value: str, refusal: str
 ) -> None:

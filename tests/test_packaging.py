@@ -16,6 +16,8 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
+
 from sandbox_runtime.sandbox.docker.backend import DockerBackend
 
 # the top-level modules of the extra's packages (mcp, mcp-types, anyio, httpx2, starlette, uvicorn) and of the
@@ -62,12 +64,14 @@ def cli_without_mcp(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
     )
 
 
+@pytest.mark.process
 def test_the_finder_really_refuses_the_extra(tmp_path: Path) -> None:
     done = without_mcp("import mcp\n", cwd=tmp_path)
     assert done.returncode == 1
     assert "ModuleNotFoundError: No module named 'mcp'" in done.stderr
 
 
+@pytest.mark.process
 def test_the_public_api_and_every_core_module_import_without_the_mcp_extra(tmp_path: Path) -> None:
     done = without_mcp(
         """

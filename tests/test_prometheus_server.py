@@ -18,6 +18,7 @@ from tests.prometheus_server import PrometheusServer, values
 TOKEN = "s3cret"  # noqa: S105 (the test exporter's own token, not a password)
 
 
+@pytest.mark.process
 def test_scrapes_a_counter_and_a_histogram(tmp_path: Path) -> None:
     registry = CollectorRegistry()
     probes = Counter("harness_probe", "Probes the harness made.", registry=registry)
@@ -87,6 +88,7 @@ def token_exporter() -> Iterator[str]:
         thread.join(10)
 
 
+@pytest.mark.process
 def test_scrapes_with_a_bearer_token(tmp_path: Path, token_exporter: str) -> None:
     no_proxy = urllib.request.build_opener(urllib.request.ProxyHandler({}))
     with pytest.raises(urllib.error.HTTPError) as refused:

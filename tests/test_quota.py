@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -16,6 +14,7 @@ from sandbox_runtime.policy import policy_from_mapping
 from sandbox_runtime.sandbox.docker.backend import DockerBackend
 from sandbox_runtime.sandbox.labels import LABEL_STATE_DIR
 from sandbox_runtime.store.quota import attached_loop_images, loop_quota_unavailable_reason, resolve_quota_mode
+from tests.cli_helpers import run_cli
 from tests.conftest import SESSION, TEST_LABEL, RuntimeFactory
 
 MiB = 1 << 20
@@ -171,13 +170,7 @@ def test_gc_after_a_crash_leaves_no_loop_device_of_the_state_directory_attached(
     for info in docker_backend.list_containers({TEST_LABEL: SESSION, LABEL_STATE_DIR: str(state.resolve())}):
         docker_backend.remove(info.id)
     assert len(_attached_under(state)) == 20
-    done = subprocess.run(
-        [sys.executable, "-m", "sandbox_runtime.cli.main", "--state-dir", str(state), "--policy", "default", "gc"],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
+    done = run_cli("--state-dir", str(state), "--policy", "default", "gc")
     assert done.returncode == 0, done.stderr
     assert _attached_under(state) == []
     assert not any(os.path.ismount(state / "conversations" / name / "results") for name in names)

@@ -45,6 +45,7 @@ def test_the_python_example_runs_as_written(executor_image: str, monkeypatch: py
     ]
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("block", [block for block in code_blocks([README]) if block.kind == "check"], ids=str)
 def test_the_readme_block_is_what_its_marker_says(block: Block) -> None:
     check(block)

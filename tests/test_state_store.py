@@ -106,6 +106,7 @@ def test_a_newer_schema_is_refused_and_left_as_it_was(state_url: str | None, tmp
         engine.close()
 
 
+@pytest.mark.process
 def test_a_call_id_runs_under_one_claim_and_a_dead_runtimes_claim_is_taken_over(state_db: StateDB) -> None:
     mine = state_db.leases.open("digest").id
     other = state_db.leases.open("digest").id  # another live runtime of this process
@@ -179,6 +180,7 @@ def test_a_task_started_on_one_replica_is_read_and_cancelled_on_another(
         b_state.close()
 
 
+@pytest.mark.process
 def test_a_task_whose_runtime_died_before_it_ended_is_failed_when_asked_for(
     state_db: StateDB, workers: Workers
 ) -> None:
@@ -288,6 +290,7 @@ def test_a_server_that_is_not_there_is_state_unavailable_at_once(
     assert postgres_cluster.password not in str(refused.value)
 
 
+@pytest.mark.process
 def test_tasks_of_a_runtime_that_died_never_hold_the_place_of_new_ones(state_db: StateDB, workers: Workers) -> None:
     gone = TaskStore(McpPolicy(tasks_kept_max=1), state_db, _dead_lease(state_db), workers.submit)
     release = threading.Event()

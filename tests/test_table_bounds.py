@@ -245,6 +245,7 @@ print(json.dumps(measured))
 """
 
 
+@pytest.mark.process
 def test_host_memory_stays_small_whatever_the_shape_of_the_file(root: ResultsRoot, results: Path) -> None:
     cell = "x" * (150 * MiB)
     _table_file(results, "huge.table.jsonl", ["id", "text"], ["integer", "string"], [[1, cell]])

@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import pytest
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.trace import StatusCode
 
@@ -281,6 +282,7 @@ def _sandbox_tools_against(
         os.close(host.replies_read)
 
 
+@pytest.mark.process
 def test_an_upstream_call_carries_the_trace_to_the_upstream_server(fake_runtime_factory: RuntimeFactory) -> None:
     runtime = fake_runtime_factory()
     upstreams = {"sdk": UpstreamServer(command=SDK_UPSTREAM)}
