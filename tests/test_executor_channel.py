@@ -26,6 +26,7 @@ REQUEST = RunRequest(
     timeout_s=5,
     grace_s=0,
     deadline_margin_s=15,
+    executor_start_timeout_s=30,
     stdout_max_bytes=100,
     stderr_max_bytes=100,
     nproc_max=0,

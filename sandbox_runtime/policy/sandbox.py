@@ -62,6 +62,13 @@ class SandboxPolicy(Section):
     executor_idle_s: PositiveInt = Field(
         600, description="End a sandbox's resident executor unused this long (seconds); the next run starts one."
     )
+    executor_start_timeout_s: float = Field(
+        30.0,
+        gt=0,
+        le=600,
+        description="How long a new resident executor may take to say it is ready (an interpreter start: longer "
+        "under gVisor or a loaded engine) before the run fails with SandboxError (seconds).",
+    )
     limits: SandboxLimits = SandboxLimits()
 
 

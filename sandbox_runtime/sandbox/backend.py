@@ -130,6 +130,7 @@ class RunRequest(_Model):
     deadline_margin_s: float = Field(
         gt=0, description="How long past the time limit and grace the host waits for the runner's verdict."
     )
+    executor_start_timeout_s: float = Field(gt=0, description="How long a new resident executor may take to be ready.")
     stdout_max_bytes: int = Field(gt=0, description="The runner's cap: it passes on at most cap + 1 bytes.")
     stderr_max_bytes: int = Field(gt=0)
     nproc_max: int = Field(ge=0, description="RLIMIT_NPROC of the run (0: none).")

@@ -40,8 +40,6 @@ __all__ = ["Engine", "ResidentExecutors"]
 
 logger = logging.getLogger(__name__)
 
-_READY_TIMEOUT_S = 30.0  # a new executor's first frame: an interpreter start, under load or gVisor
-
 
 class Engine(Protocol):
     """What the executors need of the engine."""
@@ -128,7 +126,7 @@ class ResidentExecutors:
             libraries = self._libraries.get(container_id, ())
         sock, exec_id = self._engine.open_exec(container_id, executor_command(request, libraries), request)
         channel = Channel(sock, exec_id, key, muxed=self._engine.muxed)
-        if not channel.ready(time.monotonic() + _READY_TIMEOUT_S, watch):
+        if not channel.ready(time.monotonic() + request.executor_start_timeout_s, watch):
             channel.close()
             if not self._engine.still_serves(container_id, request.user, watch):
                 raise SandboxGone(f"sandbox {container_id[:12]} has stopped")

@@ -65,6 +65,7 @@ def run_request(policy: Policy, timeout_s: float, program: Sequence[str]) -> Run
         timeout_s=timeout_s,
         grace_s=policy.run.kill_grace_s,
         deadline_margin_s=policy.run.host_deadline_margin_s,
+        executor_start_timeout_s=policy.sandbox.executor_start_timeout_s,
         stdout_max_bytes=policy.run.stdout_max_bytes,
         stderr_max_bytes=policy.run.stderr_max_bytes,
         nproc_max=nproc_max,
