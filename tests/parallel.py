@@ -1,7 +1,7 @@
 """What the suite's parallel workers (pytest-xdist, ``-n``) share, and how they take turns with it.
 
 Each worker is a pytest session of its own: its own session label (so it removes only its own containers), its own
-PostgreSQL server on a free port, its own temporary folder. Three things are shared by every worker of a run, and
+PostgreSQL server on a free port, its own temporary folder. Two things are shared by every worker of a run, and
 taken in turn through locks in the run's temporary root (:func:`run_folder`):
 
 - **building the executor image**: one worker builds it, the others wait and then find it (:func:`one_at_a_time`);
