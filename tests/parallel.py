@@ -6,10 +6,9 @@ taken in turn through locks in the run's temporary root (:func:`run_folder`):
 
 - **building the executor image**: one worker builds it, the others wait and then find it (:func:`one_at_a_time`);
 - **the engines, against their restart**: a test module that stops and starts an engine service (marked
-  ``engine_restart``) holds the engines alone from its first test to its last; every other test that uses an engine
-  holds them shared while it runs, or from its module's first test to its last where the module's fixtures keep
-  sandboxes between tests (marked ``engines_held_by_module``). A restart waiting for the engines goes before any
-  test that asks after it (the gate), so it is never starved, and waits only for the tests running now;
+  ``engine_restart``) holds the engines alone, every other engine-using module holds them shared. A module holds its
+  turn from its first test to its last (a module's runtime may keep sandboxes between its tests), and a module
+  waiting to restart an engine goes before any module that asks after it (the gate), so it is never starved;
 - nothing else: servers listen on ports the system chooses, every folder is a temporary one.
 
 Without xdist the same locks are taken by the one session, uncontended. The module holds no ``assert``, so pytest
@@ -70,28 +69,13 @@ def _engines_turn(temp: pytest.TempPathFactory, alone: bool) -> Iterator[None]:
 
 @pytest.fixture(scope="module", autouse=True)
 def _engines_held_by_module(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
-    """A module that restarts an engine (``engine_restart``) holds the engines alone from its first test to its
-    last; one whose fixtures keep sandboxes from one test to the next (``engines_held_by_module``) holds them shared
-    as long. Other modules take their turn test by test (:func:`_engines_held_by_test`)."""
-    if request.node.get_closest_marker("engine_restart"):
+    """A module whose tests use an engine holds it from its first test to its last (alone if marked
+    ``engine_restart``); other modules take no turn."""
+    items = [item for item in request.session.items if item.getparent(pytest.Module) is request.node]
+    if any(item.get_closest_marker("engine_restart") for item in items):
         with _engines_turn(tmp_path_factory, alone=True):
             yield
-    elif request.node.get_closest_marker("engines_held_by_module"):
-        with _engines_turn(tmp_path_factory, alone=False):
-            yield
-    else:
-        yield
-
-
-@pytest.fixture(autouse=True)
-def _engines_held_by_test(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
-    """A test that uses an engine, in a module that holds none, holds the engines shared while it runs (its fixtures'
-    set-up and tear-down too): a restart waits at most for the tests running now."""
-    module = request.node.getparent(pytest.Module)
-    held = module is not None and any(
-        module.get_closest_marker(marker) for marker in ("engine_restart", "engines_held_by_module")
-    )
-    if not held and any(request.node.get_closest_marker(marker) for marker in ENGINE_MARKERS):
+    elif any(item.get_closest_marker(marker) for item in items for marker in ENGINE_MARKERS):
         with _engines_turn(tmp_path_factory, alone=False):
             yield
     else:

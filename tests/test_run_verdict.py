@@ -42,8 +42,6 @@ from sandbox_runtime.tools.run_outcome import run_outcome
 from sandbox_runtime.tools.run_python import RunPythonResult
 from tests.conftest import SESSION, TEST_LABEL, self_checked
 
-pytestmark = pytest.mark.engines_held_by_module  # one conversation serves the whole module (tests/parallel.py)
-
 RUNNER_OWN_EXITS = {"timeout": 124, "output_limit": 125, "not_started": 126, "left_running": 127}
 RUNNER_WORDS = ("time limit", "printed more than", "could not confine", "could not be ended")
 GVISOR_SANDBOX_LOST = 'urpc method "containerManager.WaitPID" failed: EOF'
