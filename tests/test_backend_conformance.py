@@ -190,10 +190,11 @@ def test_gc_removes_the_sandbox_of_a_state_directory_that_is_gone(subject: Subje
         (tmp_path / "doomed" / store).unlink(missing_ok=True)
     survivor = subject.make(sweep_on_start=False)  # gc by hand (a start sweeps as well)
     removed = {r.container_id: r.reason for r in survivor.gc()}
-    # every runtime on the engine sweeps such orphans: a parallel worker's may have been first (or be removing it)
+    # every runtime on the engine sweeps such orphans: a parallel worker's may have been first (or be removing it
+    # still, when this gc found it too)
     assert container not in removed or "state directory is gone" in removed[container]
     left = subject.backend.inspect(container)
-    assert left is None or (container not in removed and left.status == "removing"), left
+    assert left is None or left.status == "removing", left  # the engine may still be finishing a removal
 
 
 def test_close_removes_the_sandbox_and_keeps_the_folder(subject: Subject) -> None:

@@ -98,11 +98,12 @@ def test_orphans_are_swept_at_start_up_and_by_gc(runtime_factory: RuntimeFactory
     kept = survivor.conversation("kept").sandbox().container_id
     after_start = orphan("gone-after-start")
     removed = {r.container_id: r.reason for r in survivor.gc()}
-    # every runtime on the engine sweeps such orphans: a parallel worker's may have been first (or be removing it)
+    # every runtime on the engine sweeps such orphans: a parallel worker's may have been first (or be removing it
+    # still, when this gc found it too)
     assert after_start not in removed or "state directory is gone" in removed[after_start]
     assert kept not in removed
     left = survivor.backend.inspect(after_start)
-    assert left is None or (after_start not in removed and left.status == "removing"), left
+    assert left is None or left.status == "removing", left  # the engine may still be finishing a removal
 
 
 def test_a_container_of_an_unknown_conversation_is_an_orphan(runtime_factory: RuntimeFactory) -> None:
