@@ -10,6 +10,7 @@ import io
 import os
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
+from unittest import mock
 
 from sandbox_runtime.cli.main import main
 
@@ -28,20 +29,13 @@ class CliRun:
 @contextlib.contextmanager
 def _environment(changes: Mapping[str, str | None]) -> Iterator[None]:
     """The process environment with ``changes`` (None removes a variable), as it was afterwards."""
-    before = {name: os.environ.get(name) for name in changes}
-    try:
+    with mock.patch.dict(os.environ):
         for name, value in changes.items():
             if value is None:
                 os.environ.pop(name, None)
             else:
                 os.environ[name] = value
         yield
-    finally:
-        for name, value in before.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
 
 
 def run_cli(*args: str, env: Mapping[str, str | None] | None = None) -> CliRun:

@@ -88,6 +88,15 @@ def test_a_run_sees_no_global_module_or_environment_change_an_earlier_run_made(s
     }
 
 
+def _once_empty(listing: Callable[[], list[dict[str, Any]]]) -> list[dict[str, Any]]:
+    """The processes ``listing`` finds, once it finds none or ``GONE_WITHIN_S`` has passed (each listing is a
+    command in the sandbox: the loop is paced by it)."""
+    deadline = time.monotonic() + GONE_WITHIN_S
+    while (found := listing()) and time.monotonic() < deadline:
+        pass
+    return found
+
+
 def _loaded(conversation: Conversation) -> dict[str, bool]:
     """Which modules a run finds imported as it starts (a run is a fork of its executor)."""
     code = "import json, sys; print(json.dumps({m: m in sys.modules for m in ('zipfile', 'openpyxl', 'docx')}))"
@@ -217,10 +226,8 @@ def test_stopping_the_executor_from_a_run_ends_at_the_hosts_deadline_and_the_nex
     before = _executor_pid(conversation)
     result = _run(conversation, "import os, signal; os.kill(os.getppid(), signal.SIGSTOP)", timeout_s=1)
     assert result.status == "timeout", (result.status, result.message)  # the host's own deadline ended it
-    deadline = time.monotonic() + GONE_WITHIN_S  # the stopped executor was killed: its run's end is reaped at once
-    while run_processes(conversation.runtime, conversation.id) and time.monotonic() < deadline:
-        pass  # each listing is a command of its own: the loop is paced by it
-    assert run_processes(conversation.runtime, conversation.id) == []
+    # the stopped executor was killed: its run's end is reaped at once
+    assert _once_empty(lambda: run_processes(conversation.runtime, conversation.id)) == []
     assert _executor_pid(conversation) != before
     ok = conversation.run_python("raise SystemExit(3)")
     assert (ok.status, ok.exit_code) == ("error", 3)
@@ -298,10 +305,7 @@ def test_an_idle_executor_is_dropped_and_the_next_run_starts_a_fresh_one(subject
     before = _executor_pid(conversation)
     assert len(code_processes(runtime, conversation.id)) == 2  # the executor and its spare
     assert runtime.manager.backend.drop_idle_executors(0.0) >= 1
-    deadline = time.monotonic() + GONE_WITHIN_S
-    while code_processes(runtime, conversation.id) and time.monotonic() < deadline:
-        pass  # each listing is an exec of its own: the loop is paced by the engine
-    assert code_processes(runtime, conversation.id) == []
+    assert _once_empty(lambda: code_processes(runtime, conversation.id)) == []
     assert _executor_pid(conversation) != before
 
 
