@@ -49,6 +49,9 @@ _LIST_CODE_PROCESSES = textwrap.dedent(
 )
 
 
+_LISTING_ATTEMPTS = 3
+
+
 def sandbox_container(runtime: Runtime, conversation_id: str) -> str:
     """The id of the conversation's one container."""
     labels = {**runtime.manager.base_labels, LABEL_CONVERSATION: conversation_id}
@@ -57,21 +60,27 @@ def sandbox_container(runtime: Runtime, conversation_id: str) -> str:
 
 
 def code_processes(runtime: Runtime, conversation_id: str) -> list[dict[str, Any]]:
-    """The live processes of the code's uid in the conversation's sandbox (pid and command line each)."""
-    listing = runtime.manager.backend.exec(
-        sandbox_container(runtime, conversation_id),
-        ExecRequest(
-            command=(PYTHON, "-I", "-S", "-c", _LIST_CODE_PROCESSES, str(runtime.policy.sandbox.uid)),
-            user=_LISTER_USER,
-            stdout_max_bytes=1024 * 1024,
-            stderr_max_bytes=64 * 1024,
-            deadline_s=30,
-        ),
-    )
-    assert listing.exit_code == 0, (listing.exit_code, listing.stderr[-2000:])
-    found = json.loads(listing.stdout)
-    assert isinstance(found, list)
-    return found
+    """The live processes of the code's uid in the conversation's sandbox (pid and command line each).
+
+    The lister always prints a JSON list; an exec that ended well with no output at all lost it on the engine's
+    attach stream (Podman's service does, now and then: containers/podman#25855), and is asked again."""
+    for _attempt in range(_LISTING_ATTEMPTS):
+        listing = runtime.manager.backend.exec(
+            sandbox_container(runtime, conversation_id),
+            ExecRequest(
+                command=(PYTHON, "-I", "-S", "-c", _LIST_CODE_PROCESSES, str(runtime.policy.sandbox.uid)),
+                user=_LISTER_USER,
+                stdout_max_bytes=1024 * 1024,
+                stderr_max_bytes=64 * 1024,
+                deadline_s=30,
+            ),
+        )
+        assert listing.exit_code == 0, (listing.exit_code, listing.stderr[-2000:])
+        if listing.stdout:
+            found = json.loads(listing.stdout)
+            assert isinstance(found, list)
+            return found
+    raise AssertionError(f"the process listing printed nothing, {_LISTING_ATTEMPTS} times")
 
 
 def run_processes(runtime: Runtime, conversation_id: str) -> list[dict[str, Any]]:

@@ -14,8 +14,13 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
+import pytest
+
 from sandbox_runtime.api.runtime import Conversation, Runtime
+from sandbox_runtime.sandbox import executors
+from sandbox_runtime.sandbox.backend import RunRequest
 from sandbox_runtime.sandbox.exec_stream import read_cgroup_file
+from sandbox_runtime.sandbox.run_protocol import PYTHON, executor_command
 from tests.conftest import Subject, self_checked
 from tests.sandbox_processes import code_processes, run_processes
 from tests.test_containment import _conversation, _run, _runtime
@@ -295,6 +300,29 @@ def test_a_request_a_run_writes_into_the_executors_stdin_never_runs(subject: Sub
         assert _executor_pid(conversation) == before
     assert conversation.run_python("print('next')").stdout == "next\n"
     assert not marker.exists()
+
+
+def test_an_executor_that_says_nothing_at_its_start_is_ended_and_another_serves_the_run(
+    subject: Subject, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Podman's service can lose an exec's first output (containers/podman#25855), the executor's ready frame
+    with it; played here by a first executor that sleeps without a word."""
+    subject.enforces("identity")  # the code's processes are told apart by the sandbox's uid
+    opened: list[tuple[str, ...]] = []
+
+    def first_one_silent(request: RunRequest, libraries: tuple[str, ...]) -> tuple[str, ...]:
+        command = executor_command(request, libraries)
+        opened.append(command)
+        return (PYTHON, "-I", "-S", "-c", "import time; time.sleep(600)") if len(opened) == 1 else command
+
+    monkeypatch.setattr(executors, "executor_command", first_one_silent)
+    quick = subject.policy.changed({"sandbox": {"executor_start_timeout_s": 5.0}}, "the test: a short start wait")
+    conversation = self_checked(subject.make(quick)).conversation(f"silent-start-{uuid.uuid4().hex[:8]}")
+    result = conversation.run_python("print('served')")
+    assert (result.status, result.stdout) == ("ok", "served\n"), (result.status, result.message)
+    assert len(opened) == 2
+    left = code_processes(conversation.runtime, conversation.id)
+    assert not [p for p in left if "sleep(600)" in p["cmdline"]], left  # the silent one was ended
 
 
 def test_an_idle_executor_is_dropped_and_the_next_run_starts_a_fresh_one(subject: Subject) -> None:

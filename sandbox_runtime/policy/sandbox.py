@@ -67,7 +67,8 @@ class SandboxPolicy(Section):
         gt=0,
         le=600,
         description="How long a new resident executor may take to say it is ready (an interpreter start: longer "
-        "under gVisor or a loaded engine) before the run fails with SandboxError (seconds).",
+        "under gVisor or a loaded engine) (seconds). One that said nothing at all by then is ended and another "
+        "started, once; then the run fails with SandboxError.",
     )
     limits: SandboxLimits = SandboxLimits()
 

@@ -102,6 +102,7 @@ class Channel:
         self._demux = Demux() if muxed else None
         self._inner = bytearray()
         self.diagnostics = bytearray()
+        self.silent = True  # nothing at all came over the stream yet
 
     def ready(self, deadline: float, watch: Watch) -> bool:
         """Wait for the executor's ``R``; False when the stream ended (or the sandbox did) before it."""
@@ -203,6 +204,7 @@ class Channel:
         chunk = os.read(self._fd, 65536)
         if not chunk:
             return None
+        self.silent = False
         for stream, payload in self._demux.feed(chunk) if self._demux is not None else [(_STDOUT, chunk)]:
             if stream == _STDOUT:
                 self._inner += payload

@@ -122,20 +122,37 @@ class ResidentExecutors:
                 return channel
         if channel is not None and not channel.busy:
             self.forget(container_id)  # made for other requests (another policy): replaced
-        with self._guard:
-            libraries = self._libraries.get(container_id, ())
-        sock, exec_id = self._engine.open_exec(container_id, executor_command(request, libraries), request)
-        channel = Channel(sock, exec_id, key, muxed=self._engine.muxed)
-        if not channel.ready(time.monotonic() + request.executor_start_timeout_s, watch):
-            channel.close()
-            if not self._engine.still_serves(container_id, request.user, watch):
-                raise SandboxGone(f"sandbox {container_id[:12]} has stopped")
-            said = channel.diagnostics.decode(errors="replace").strip()[-500:]
-            raise SandboxError(f"the resident executor of sandbox {container_id[:12]} did not start: {said}")
+        channel = self._open(container_id, request, key, watch)
         channel.busy = True
         with self._guard:
             self._channels[container_id] = channel
         return channel
+
+    def _open(self, container_id: str, request: RunRequest, key: tuple[object, ...], watch: Watch) -> Channel:
+        """A fresh executor for the container, ready. One that said nothing at all before its start timeout is
+        ended and opened again, once: Podman's service can lose an exec's first output on its attach stream
+        (containers/podman#25855), and its ready frame with it."""
+        with self._guard:
+            libraries = self._libraries.get(container_id, ())
+        for attempt in (1, 2):
+            sock, exec_id = self._engine.open_exec(container_id, executor_command(request, libraries), request)
+            channel = Channel(sock, exec_id, key, muxed=self._engine.muxed)
+            if channel.ready(time.monotonic() + request.executor_start_timeout_s, watch):
+                return channel
+            channel.close()
+            if not self._engine.still_serves(container_id, request.user, watch):
+                raise SandboxGone(f"sandbox {container_id[:12]} has stopped")
+            if channel.silent and attempt == 1:
+                logger.warning(
+                    "the executor of %s said nothing within %s s; ending it and starting another",
+                    container_id[:12],
+                    request.executor_start_timeout_s,
+                )
+                self._engine.end_all(container_id, request.user)
+                continue
+            said = channel.diagnostics.decode(errors="replace").strip()[-500:]
+            raise SandboxError(f"the resident executor of sandbox {container_id[:12]} did not start: {said}")
+        raise AssertionError("unreachable: the second attempt returns or raises")
 
     def _give_back(self, container_id: str, channel: Channel) -> None:
         with self._guard:

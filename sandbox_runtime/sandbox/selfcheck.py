@@ -27,6 +27,7 @@ logger = logging.getLogger(__name__)
 
 _PROBE_DEADLINE_S = 60.0
 _PROBE_OUTPUT_MAX_BYTES = 256 * 1024
+_PROBE_ATTEMPTS = 2  # a probe whose output the engine lost is run again, once
 _REQUIRED_IMPORTS = ("openpyxl", "docx", "pptx", "defusedxml")
 _FORBIDDEN_IMPORTS = ("pip", "numpy", "pandas")
 
@@ -274,14 +275,23 @@ def probe_sandbox(
         request = run_request(policy, _PROBE_DEADLINE_S, program).model_copy(
             update={"stdout_max_bytes": _PROBE_OUTPUT_MAX_BYTES, "stderr_max_bytes": _PROBE_OUTPUT_MAX_BYTES}
         )
-        result, _verdict = run_by_exec(backend, container_id, request)
+        for _attempt in range(_PROBE_ATTEMPTS):
+            result, verdict = run_by_exec(backend, container_id, request)
+            if verdict is not None or result.stdout or result.stderr:
+                break  # else the engine lost its output (Podman's service can: containers/podman#25855)
         host = backend.host_facts(container_id)
     if result.exit_code != 0:
         raise SandboxError(
             f"the self-check probe failed in sandbox {container_id[:12]} (exit code {result.exit_code}): "
             f"{result.stderr.decode(errors='replace')[-2000:]}"
         )
-    probe = json.loads(result.stdout)
+    try:
+        probe = json.loads(result.stdout)
+    except ValueError as error:
+        said = result.stdout.decode(errors="replace")[-200:]
+        raise SandboxError(
+            f"the self-check probe in sandbox {container_id[:12]} did not report ({error}): {said!r}"
+        ) from None
     return evaluate_probe(probe, policy, quota_mode=quota_mode, host=host, create_warnings=create_warnings)
 
 
