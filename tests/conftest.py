@@ -40,8 +40,8 @@ from tests.fast_loop import mark_fast
 from tests.parallel import one_at_a_time
 from tests.postgres_cluster import PostgresCluster
 
-# postgres_cluster (one per session) and postgres_url (a fresh database); how parallel workers take turns; the fast loop
-pytest_plugins = ["tests.postgres_cluster", "tests.parallel", "tests.fast_loop"]
+# postgres_cluster (one per session) and postgres_url (a fresh database); the fast loop
+pytest_plugins = ["tests.postgres_cluster", "tests.fast_loop"]
 
 TEST_LABEL = "io.sandbox-runtime.test"
 SESSION = uuid.uuid4().hex[:12]

@@ -7,10 +7,11 @@ scripts/setup.sh starts it), the conversation's next call works in a fresh sandb
 left: no container, no second quota mount, no container processes. An MCP client hears the same as a tool error
 that names the cause, and the server goes on serving.
 
-These tests stop and start the engine CI starts (``dockerd`` with our config file, its pid in
-/var/run/docker.pid: :data:`tests.engine_services.DOCKERD`), so nothing else may use an engine while they run (the
-module is marked ``engine_restart``: parallel workers leave the engines to it, tests/parallel.py). They refuse to
-touch an engine this project did not start: outside CI they skip, under CI they fail.
+These tests stop and start a Docker engine of their own: a dockerd that scripts/start-engine.sh starts for this
+module alone (its own data root, exec root, containerd and socket; our config file, no bridge:
+:func:`tests.engine_services.private_dockerd`), with the executor image loaded into it from the machine's engine;
+the runtimes and the MCP server are pointed at it by ``DOCKER_HOST``. So the suite's other workers keep using the
+machine's engine meanwhile, and nothing waits for anything.
 """
 
 from __future__ import annotations
@@ -31,20 +32,50 @@ from sandbox_runtime.policy import Policy
 from sandbox_runtime.sandbox.docker.backend import DockerBackend
 from sandbox_runtime.sandbox.labels import LABEL_CONVERSATION, LABEL_STATE_DIR
 from tests.conftest import SESSION, TEST_LABEL, RuntimeFactory
-from tests.engine_services import DOCKERD
+from tests.engine_services import DOCKERD_STOP_WAIT_S, EngineService, private_dockerd
 from tests.mcp_helpers import run_bounded, stdio_params, text_of
 
-pytestmark = pytest.mark.engine_restart  # the engines are this module's alone while it runs (tests/parallel.py)
-ENGINE_STOP_S = DOCKERD.stop_wait_s
+ENGINE_STOP_S = DOCKERD_STOP_WAIT_S
+IMAGE_LOAD_TIMEOUT_S = 300
 STARTED_WAIT_S = 60.0
 # the script marks that it runs, then waits far longer than the test: only the engine's end can end it
 LONG_RUN = "open('/mnt/results/started.txt', 'w').write('the run began')\nimport time\ntime.sleep(600)\n"
 
 
+@pytest.fixture(scope="module")
+def dockerd(
+    docker_backend: DockerBackend, executor_image: str, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[EngineService]:
+    """This module's own engine, with the executor image in it (loaded from the machine's engine); removed, with
+    everything in it, after the module's last test."""
+    with private_dockerd(tmp_path_factory.mktemp("dockerd"), {TEST_LABEL: SESSION}) as service:
+        _load_image(executor_image, docker_backend.engine_address, service.address)
+        yield service
+
+
+def _load_image(image: str, source: str, target: str) -> None:
+    """``docker save`` from one engine piped into ``docker load`` on another."""
+    with subprocess.Popen(["docker", "-H", source, "save", image], stdout=subprocess.PIPE) as save:
+        load = subprocess.run(
+            ["docker", "-H", target, "load"],
+            stdin=save.stdout,
+            capture_output=True,
+            text=True,
+            timeout=IMAGE_LOAD_TIMEOUT_S,
+            check=False,
+        )
+        assert save.stdout is not None
+        save.stdout.close()
+    assert (save.returncode, load.returncode) == (0, 0), load.stderr
+
+
 @pytest.fixture
-def engine_pid(docker_backend: DockerBackend) -> int:
-    """The engine may be stopped and started by this test: only the one this project started."""
-    return DOCKERD.our_pid_or_skip()
+def engine_pid(dockerd: EngineService, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[int]:
+    """The engine the test may stop and start: this module's own, which the test's runtimes (and the servers it
+    starts) use (running again afterwards, for their clean-up)."""
+    monkeypatch.setenv("DOCKER_HOST", dockerd.address)
+    yield dockerd.pid()
+    dockerd.start_if_stopped(tmp_path / "engine.log")
 
 
 def _wait_for(path: Path) -> None:
@@ -55,7 +86,7 @@ def _wait_for(path: Path) -> None:
 
 
 @contextlib.contextmanager
-def engine_stopped_when(path: Path, pid: int, log: Path) -> Iterator[threading.Event]:
+def engine_stopped_when(engine: EngineService, path: Path, pid: int, log: Path) -> Iterator[threading.Event]:
     """Stop the engine as soon as ``path`` exists (in a thread); the engine is started again on the way out,
     whatever happened. The event is set once the engine has stopped."""
     stopped = threading.Event()
@@ -64,7 +95,7 @@ def engine_stopped_when(path: Path, pid: int, log: Path) -> Iterator[threading.E
     def stop() -> None:
         try:
             _wait_for(path)
-            DOCKERD.stop(pid)
+            engine.stop(pid)
             stopped.set()
         except BaseException as exc:  # reported by the test's own thread below
             failures.append(exc)
@@ -77,7 +108,7 @@ def engine_stopped_when(path: Path, pid: int, log: Path) -> Iterator[threading.E
         assert not failures, failures
     finally:
         worker.join(STARTED_WAIT_S + ENGINE_STOP_S)
-        DOCKERD.start(log)
+        engine.start(log)
 
 
 def _leftovers(container_id: str) -> list[str]:
@@ -111,14 +142,14 @@ def _sandboxes(conversation: Conversation) -> list[tuple[str, bool]]:
 
 
 def test_an_engine_restart_mid_run_is_an_infrastructure_failure_and_the_conversation_works_after_it(
-    runtime_factory: RuntimeFactory, docker_policy: Policy, engine_pid: int, tmp_path: Path
+    runtime_factory: RuntimeFactory, docker_policy: Policy, dockerd: EngineService, engine_pid: int, tmp_path: Path
 ) -> None:
     conversation = runtime_factory(docker_policy).conversation("engine-restart")
     assert conversation.run_python("print('before')").stdout == "before\n"
     old = conversation.sandbox()
     folders = conversation.folders
     results = folders.results
-    with engine_stopped_when(results / "started.txt", engine_pid, tmp_path / "engine.log") as stopped:
+    with engine_stopped_when(dockerd, results / "started.txt", engine_pid, tmp_path / "engine.log") as stopped:
         with pytest.raises(EngineLost, match="went away while the command ran") as lost:
             conversation.call("run_python", {"code": LONG_RUN})
         assert stopped.wait(ENGINE_STOP_S), "the call ended before the engine did"
@@ -143,7 +174,7 @@ def test_an_engine_restart_mid_run_is_an_infrastructure_failure_and_the_conversa
 
 
 def test_an_mcp_client_hears_the_engines_restart_as_a_tool_error_and_the_server_goes_on(
-    runtime_factory: RuntimeFactory, engine_pid: int, tmp_path: Path
+    runtime_factory: RuntimeFactory, dockerd: EngineService, engine_pid: int, tmp_path: Path
 ) -> None:
     state = tmp_path / "state"
     params = stdio_params(state)
@@ -153,7 +184,8 @@ def test_an_mcp_client_hears_the_engines_restart_as_a_tool_error_and_the_server_
             ready = await client.call_tool("run_python", {"code": "print('ready')"})
             assert not ready.is_error, text_of(ready)
             (folder,) = (state / "conversations").iterdir()
-            with engine_stopped_when(folder / "results" / "started.txt", engine_pid, tmp_path / "engine.log"):
+            started = folder / "results" / "started.txt"
+            with engine_stopped_when(dockerd, started, engine_pid, tmp_path / "engine.log"):
                 lost = await client.call_tool("run_python", {"code": LONG_RUN})
             assert lost.is_error
             after = await client.call_tool("run_python", {"code": "print('after')"})

@@ -3,33 +3,46 @@ daemon holding the sandboxes (each runs under its own ``conmon``), so the sandbo
 call, once the service answers again, re-attaches it (its resident executor is started afresh); where a Docker
 daemon restart ends every sandbox (``tests/test_engine_restart.py``).
 
-The test stops and starts the service CI starts (``scripts/start-podman.sh``, its pid in
-/run/podman/sandbox-runtime-podman.pid: :data:`tests.engine_services.PODMAN_SERVICE`) and refuses to touch one
-this project did not start: outside CI it skips, under CI it fails.
+The test stops and starts a Podman service of its own: a ``podman system service`` on Podman's usual storage that
+scripts/start-podman.sh starts for this module alone (its own socket and pid file, our containers.conf settings:
+:func:`tests.engine_services.private_podman_service`); the runtime is pointed at it by ``CONTAINER_HOST``. So the
+suite's other workers keep using the machine's service meanwhile, and nothing waits for anything.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from sandbox_runtime.policy import load_policy
 from sandbox_runtime.sandbox.podman import PodmanBackend
-from tests.conftest import RuntimeFactory
-from tests.engine_services import PODMAN_SERVICE
+from tests.conftest import SESSION, TEST_LABEL, RuntimeFactory
+from tests.engine_services import EngineService, private_podman_service
 
-pytestmark = pytest.mark.engine_restart  # the engines are this module's alone while it runs (tests/parallel.py)
+
+@pytest.fixture(scope="module")
+def podman_service(
+    podman_backend: PodmanBackend, podman_image: str, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[EngineService]:
+    """This module's own Podman service (the executor image is in the storage it shares with the machine's);
+    stopped after the module's last test."""
+    with private_podman_service(tmp_path_factory.mktemp("podman"), {TEST_LABEL: SESSION}) as service:
+        yield service
 
 
 @pytest.fixture
-def service_pid(podman_backend: PodmanBackend) -> int:
-    """The Podman service may be stopped and started by this test: only the one this project started."""
-    return PODMAN_SERVICE.our_pid_or_skip()
+def service_pid(podman_service: EngineService, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[int]:
+    """The service the test may stop and start: this module's own, which the test's runtimes use (running again
+    afterwards, for their clean-up)."""
+    monkeypatch.setenv("CONTAINER_HOST", podman_service.address)
+    yield podman_service.pid()
+    podman_service.start_if_stopped(tmp_path / "podman.log")
 
 
 def test_an_idle_sandbox_outlives_a_service_restart_and_the_next_call_reattaches_it(
-    runtime_factory: RuntimeFactory, service_pid: int, tmp_path: Path
+    runtime_factory: RuntimeFactory, podman_service: EngineService, service_pid: int, tmp_path: Path
 ) -> None:
     policy = load_policy("podman")
     runtime = runtime_factory(policy)
@@ -38,7 +51,7 @@ def test_an_idle_sandbox_outlives_a_service_restart_and_the_next_call_reattaches
     assert first.status == "ok", first.message
     (before,) = runtime.state.live_sandboxes()
 
-    PODMAN_SERVICE.restart(service_pid, tmp_path / "podman.log")
+    podman_service.restart(service_pid, tmp_path / "podman.log")
 
     second = conversation.run_python("print(open('kept.txt').read())")
     assert (second.status, second.stdout) == ("ok", "written before the restart\n"), second.message
