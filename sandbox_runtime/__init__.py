@@ -47,6 +47,7 @@ from sandbox_runtime.pipeline.approval import ApprovalRequest
 from sandbox_runtime.policy import Policy, load_policy
 from sandbox_runtime.sandbox.fake.backend import FakeBackend
 from sandbox_runtime.spill.streamed import TableStream
+from sandbox_runtime.tools.command import CommandResult
 from sandbox_runtime.tools.host import HostCall
 from sandbox_runtime.tools.run_python import RunPythonResult
 from sandbox_runtime.tools.run_result import ScriptError
@@ -57,6 +58,7 @@ __all__ = [
     "BadTableFile",
     "CallControl",
     "CallRecord",
+    "CommandResult",
     "Conversation",
     "ConversationDeleted",
     "ConversationInUse",

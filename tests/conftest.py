@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import functools
 import os
+import socket
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -463,3 +464,14 @@ def policy_with_state(folder: Path, policy: str, url: str) -> Path:
     path.write_text(f'{base}\n[state]\nurl = "{url}"\n')
     load_policy(path)  # the file is a valid policy
     return path
+
+
+@pytest.fixture
+def host_listener() -> Iterator[socket.socket]:
+    """A TCP listener on the host's 127.0.0.1 that no sandbox may reach (its ``accept`` must find no one)."""
+    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(16)
+    listener.setblocking(False)
+    yield listener
+    listener.close()

@@ -19,7 +19,6 @@ import os
 import socket
 import textwrap
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -247,17 +246,6 @@ def test_code_sees_only_the_loopback_interface(subject: Subject) -> None:
     )
     assert seen["sys"] == ["lo"], seen
     assert seen["if_nameindex"] == ["lo"], seen
-
-
-@pytest.fixture
-def host_listener() -> Iterator[socket.socket]:
-    """A TCP listener on the host's 127.0.0.1 that the sandbox must never reach."""
-    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    listener.bind(("127.0.0.1", 0))
-    listener.listen(16)
-    listener.setblocking(False)
-    yield listener
-    listener.close()
 
 
 def test_code_cannot_connect_to_a_listener_on_the_host_loopback(subject: Subject, host_listener: socket.socket) -> None:

@@ -39,6 +39,7 @@ def healthy_probe() -> dict[str, Any]:
         "loopback_host_listener": "ECONNREFUSED",
         "env_keys": sorted(exec_environment(POLICY)),
         "user_namespace": "EPERM",
+        "login_shell_python": "/opt/venv/bin/python3",
         **{f"import_{m}": True for m in ("openpyxl", "docx", "pptx", "defusedxml")},
         **{f"import_{m}": False for m in ("pip", "numpy", "pandas")},
     }
@@ -70,6 +71,7 @@ def test_a_healthy_canary_passes_every_check() -> None:
         ({"loopback_host_listener": "connected"}, "host loopback"),
         ({"env_keys": ["AWS_SECRET_ACCESS_KEY", "HOME"]}, "environment"),
         ({"import_pip": True}, "executor packages"),
+        ({"login_shell_python": "/usr/bin/python3"}, "login shell"),
         ({"user_namespace": "allowed"}, "user namespaces"),
     ],
 )

@@ -11,13 +11,15 @@ from __future__ import annotations
 
 import contextlib
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from sandbox_runtime.api.command_input import CommandStdin, input_chunks
 from sandbox_runtime.control import CallControl
-from sandbox_runtime.errors import ConversationDeleted
+from sandbox_runtime.errors import ConversationDeleted, InvalidToolArguments
 from sandbox_runtime.models import (
     Attachment,
+    CallFailure,
     CallRecord,
     HostResult,
     SavedResult,
@@ -27,13 +29,17 @@ from sandbox_runtime.models import (
     ToolOutcome,
     TurnReport,
 )
+from sandbox_runtime.pipeline.direct import Done, direct_call
 from sandbox_runtime.pipeline.script_tools import PipelineScriptTools
 from sandbox_runtime.sandbox.manager_models import Sandbox
 from sandbox_runtime.spill.history import HistoryRebuild, rebuild_history
 from sandbox_runtime.store.folders import ConversationFolders
 from sandbox_runtime.store.quota import QuotaUsage
 from sandbox_runtime.tenancy import DEFAULT_TENANT, conversation_key
+from sandbox_runtime.tools.base import ToolContext, model_arguments
+from sandbox_runtime.tools.command import CommandArgs, CommandResult, check_command, run_command
 from sandbox_runtime.tools.run_python import RunPythonArgs, RunPythonResult, run_python
+from sandbox_runtime.tools.sandbox_files import read_sandbox_file, write_sandbox_file
 
 if TYPE_CHECKING:
     from sandbox_runtime.api.runtime import Runtime
@@ -120,6 +126,93 @@ class Conversation:
             "timeout_s": timeout_s,
         }
         return self.call_run_python(raw)
+
+    def exec(
+        self,
+        argv: Sequence[str],
+        *,
+        stdin: CommandStdin | None = None,
+        cwd: str | None = None,
+        env: Mapping[str, str] | None = None,
+        timeout_s: float | None = None,
+        stdout_max_bytes: int | None = None,
+        stderr_max_bytes: int | None = None,
+        control: CallControl | None = None,
+    ) -> CommandResult:
+        """Run a command in the sandbox: ``argv[0]`` found on its ``PATH``, confined and ended as a script run is
+        (see :mod:`~sandbox_runtime.tools.command`). ``stdin``: bytes, a binary file or byte chunks, streamed as
+        the command reads them; ``cwd``: absolute, or relative to the results folder (its default); ``env``:
+        variables laid over the sandbox's own; the caps default to ``[run] command_output_max_bytes``. A call in
+        the execution record (its variables' names only), admitted in the tenant's run slot like any run;
+        ``control`` cancels it and hears its progress. Bad arguments raise
+        :class:`~sandbox_runtime.errors.InvalidToolArguments`."""
+        raw = {
+            "argv": list(argv),
+            "cwd": cwd,
+            "env": dict(env or {}),
+            "timeout_s": timeout_s,
+            "stdout_max_bytes": stdout_max_bytes,
+            "stderr_max_bytes": stderr_max_bytes,
+            "with_input": stdin is not None,
+        }
+        args = check_command(model_arguments(CommandArgs, raw, "exec"), self.runtime.policy)
+        chunks = None if stdin is None else input_chunks(stdin)
+        recorded = {**raw, "env": sorted(args.env)}
+
+        def work(context: ToolContext) -> Done:
+            result = run_command(context.sandbox, args, chunks, control=control)
+            summary = f"{result.status}, exit code {result.exit_code}, {len(result.stdout)}+{len(result.stderr)} bytes"
+            return Done(
+                result,
+                summary,
+                None
+                if result.status in ("ok", "error")
+                else "cancelled"
+                if result.status == "cancelled"
+                else "tool_error",
+            )
+
+        with self._live():
+            result: CommandResult = direct_call(
+                self.runtime.dispatcher, self.key, "exec", recorded, work, _not_run, control
+            )
+            return result
+
+    def read_bytes(self, path: str, *, max_bytes: int | None = None, control: CallControl | None = None) -> bytes:
+        """The bytes of a file in the sandbox (the results folder or /tmp; relative: in the results folder), read
+        as the code's uid, at most ``max_bytes`` (``[store] read_max_bytes``: its default and largest). Errors are
+        Python's own (``FileNotFoundError``, ``PermissionError``, ``IsADirectoryError``, ``NotADirectoryError``)
+        with the sandbox path, or a :class:`~sandbox_runtime.errors.PathRejected` for a path elsewhere, a link
+        out, a FIFO or a device, or a file over the cap (see :mod:`~sandbox_runtime.tools.sandbox_files`)."""
+        cap = self.runtime.policy.store.read_max_bytes
+        if max_bytes is not None and not 0 < max_bytes <= cap:
+            raise InvalidToolArguments(f"read_bytes: max_bytes is between 1 and read_max_bytes={cap}")
+
+        def work(context: ToolContext) -> Done:
+            where, data = read_sandbox_file(context.sandbox, path, max_bytes=max_bytes or cap, control=control)
+            return Done(data, f"read {where}: {len(data)} bytes")
+
+        with self._live():
+            data: bytes = direct_call(
+                self.runtime.dispatcher, self.key, "read_bytes", {"path": path}, work, bytes, control
+            )
+            return data
+
+    def write_bytes(self, path: str, data: CommandStdin, *, control: CallControl | None = None) -> str:
+        """Write ``data`` (bytes, a binary file or byte chunks, streamed) to a file in the sandbox as the code's
+        uid: created or emptied first, its missing folders made; the quota holds. Returns the sandbox path.
+        Errors as for :meth:`read_bytes`; a full folder is an ``OSError`` with its errno."""
+        chunks = input_chunks(data)
+
+        def work(context: ToolContext) -> Done:
+            where = write_sandbox_file(context.sandbox, path, chunks, control=control)
+            return Done(where, f"wrote {where}")
+
+        with self._live():
+            where: str = direct_call(
+                self.runtime.dispatcher, self.key, "write_bytes", {"path": path}, work, str, control
+            )
+            return where
 
     def call_run_python(self, arguments: RunPythonArgs | dict[str, object]) -> RunPythonResult:
         """Run with arguments exactly as a model sent them (validated against the tool schema)."""
@@ -233,3 +326,20 @@ class Conversation:
                 return
             conversations.delete(self.key)
             self._deleted = True
+
+
+# a command that exited (0 or not) did what was asked; the runtime ending it is the call's failure
+_COMMAND_FAILURES: dict[str, CallFailure] = {
+    "cancelled": "cancelled",
+    "timeout": "tool_error",
+    "memory_limit": "tool_error",
+    "output_limit": "tool_error",
+    "quota_exceeded": "tool_error",
+}
+
+
+def _not_run() -> CommandResult:
+    """A command cancelled before it got a run slot: nothing ran."""
+    return CommandResult(
+        status="cancelled", exit_code=None, stdout=b"", stderr=b"", truncated=False, duration_s=0.0, run_number=0
+    )

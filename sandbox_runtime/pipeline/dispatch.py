@@ -252,7 +252,7 @@ class Dispatcher:
                     self._spill_or_fault(call)
             except BaseException as exc:  # raised once the others of the turn are decided
                 if isinstance(exc, Exception):
-                    self._audit_unsettled(call, tenant, exc)
+                    self.audit_unsettled(call, tenant, exc)
                 return exc
             return call
 
@@ -276,7 +276,7 @@ class Dispatcher:
     ) -> None:
         """Run a call in a run slot of its conversation's tenant (:mod:`~sandbox_runtime.pipeline.admission`);
         one cancelled while it waited is recorded cancelled, never run; one refused its turn raises
-        :class:`~sandbox_runtime.errors.AdmissionRefused` (audited by :meth:`_audit_unsettled`)."""
+        :class:`~sandbox_runtime.errors.AdmissionRefused` (audited by :meth:`audit_unsettled`)."""
         try:
             with self.admission.slot(tenant, control) as admitted:
                 call.queued_s = admitted.waited_s
@@ -296,7 +296,7 @@ class Dispatcher:
             call.queued_s = refused.waited_s
             raise
 
-    def _audit_unsettled(self, call: Call, tenant: str, exc: Exception) -> None:
+    def audit_unsettled(self, call: Call, tenant: str, exc: Exception) -> None:
         """A call that raised (admission refused it, or an infrastructure failure ended it) ends with no decision
         (its call id runs anew when tried again), so :meth:`settle` never audits it: its ``call`` entry is written
         here, as :func:`call_record` and :func:`~sandbox_runtime.state.audit.call_detail` describe every call, with

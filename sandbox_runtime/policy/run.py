@@ -10,7 +10,8 @@ __all__ = ["RunPolicy", "ScriptToolsPolicy"]
 
 
 class RunPolicy(Section):
-    """Limits of one ``run_python`` call."""
+    """Limits of one ``run_python`` call, and of one command a host program runs (``Conversation.exec``: the time
+    limits and the grace are the same)."""
 
     default_timeout_s: float = Field(60.0, gt=0, description="Wall-clock limit when the call names none.")
     max_timeout_s: float = Field(600.0, gt=0, description="Largest timeout_s a call may ask for.")
@@ -27,6 +28,16 @@ class RunPolicy(Section):
     inline_code_max_bytes: PositiveInt = Field(1 * MiB, description="Largest inline `code` argument.")
     script_args_max_count: PositiveInt = Field(256, description="Most entries in `args`.")
     error_message_max_chars: PositiveInt = Field(2000, description="Longest short error message for the model.")
+    command_output_max_bytes: PositiveInt = Field(
+        10 * MiB,
+        description="Largest stdout or stderr cap one command (Conversation.exec) may ask for, and its cap when it "
+        "asks none; past its cap the command is ended and its result says output_limit.",
+    )
+    command_line_max_bytes: PositiveInt = Field(
+        256 * 1024,
+        description="Largest command line of one command: its words, working directory and variables, as JSON "
+        "in UTF-8.",
+    )
 
 
 class ScriptToolsPolicy(Section):

@@ -19,10 +19,10 @@ it, settled with the engine's own timings, so nothing above the seam asks the en
 from __future__ import annotations
 
 import abc
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, ClassVar, Literal, Protocol
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from sandbox_runtime.control import CallControl
 from sandbox_runtime.sandbox.runs import (
@@ -36,6 +36,7 @@ from sandbox_runtime.sandbox.runs import (
 
 __all__ = [
     "BindMount",
+    "CommandInput",
     "ContainerInfo",
     "ContainerSpec",
     "EngineInfo",
@@ -121,7 +122,20 @@ class RunRequest(_Model):
     RLIMIT_NPROC), stopped at its time limit (SIGTERM, SIGKILL after the grace) or at an output cap, and every
     process of it ended afterwards; how it ended is the runner's :class:`RunnerVerdict`."""
 
-    program: tuple[str, ...] = Field(min_length=2, description="The interpreter, the script, its arguments.")
+    program: tuple[str, ...] = Field(
+        min_length=1, description="The interpreter, the script, its arguments; or a command and its arguments."
+    )
+    command: bool = Field(
+        False,
+        description="``program`` is a command: its first word is found on the sandbox's PATH and run in the "
+        "interpreter's place (a shell's 127 when there is none, 126 when it cannot be run).",
+    )
+    command_environment: dict[str, str] = Field(
+        default_factory=dict, description="A command's own variables, laid over ``environment`` for this run alone."
+    )
+    with_input: bool = Field(
+        False, description="A command reads the caller's input (``run``'s ``stdin``) on its stdin; else nothing."
+    )
     user: str
     environment: dict[str, str] = Field(default_factory=dict)
     working_dir: str = "/"
@@ -135,6 +149,14 @@ class RunRequest(_Model):
     stderr_max_bytes: int = Field(gt=0)
     nproc_max: int = Field(ge=0, description="RLIMIT_NPROC of the run (0: none).")
 
+    @model_validator(mode="after")
+    def _a_script_or_a_command(self) -> RunRequest:
+        if not self.command and (len(self.program) < 2 or self.command_environment or self.with_input):
+            raise ValueError(
+                "a script's program is the interpreter and the script; only a command has its own variables or input"
+            )
+        return self
+
     @property
     def deadline_s(self) -> float:
         """The host's own deadline, a backstop past the runner's time limit and grace."""
@@ -144,6 +166,9 @@ class RunRequest(_Model):
     def host_caps(self) -> tuple[int, int]:
         """The host's own caps on stdout and stderr, a backstop above the runner's."""
         return self.stdout_max_bytes + HOST_CAP_MARGIN_BYTES, self.stderr_max_bytes + HOST_CAP_MARGIN_BYTES
+
+
+CommandInput = Iterator[bytes]  # a command's standard input, chunk by chunk (an empty chunk is skipped)
 
 
 class ScriptCalls(Protocol):
@@ -263,12 +288,13 @@ class SandboxBackend(abc.ABC):
         request: RunRequest,
         control: CallControl | None = None,
         calls: ScriptCalls | None = None,
+        stdin: CommandInput | None = None,
     ) -> RunResult:
         """Run a program (:meth:`run_program`) and say how it ended, as data: what the script did, the runner's
         verdict, and the engine's word on the end (:class:`RunEnd`: OOM kills during the run, the sandbox removed
         or ended by the OOM killer), settled with this engine's timings. Errors as for :meth:`exec`."""
         oom_before = self.oom_kill_count(container_id)
-        output = self.run_program(container_id, request, control, calls)
+        output = self.run_program(container_id, request, control, calls, stdin)
         return RunResult(output.result, output.verdict, self.end_of(container_id, output, oom_before))
 
     def end_of(self, container_id: str, output: RunnerOutput, oom_before: int | None) -> RunEnd:
@@ -291,6 +317,7 @@ class SandboxBackend(abc.ABC):
         request: RunRequest,
         control: CallControl | None = None,
         calls: ScriptCalls | None = None,
+        stdin: CommandInput | None = None,
     ) -> RunnerOutput:
         """Run a program under the in-sandbox runner (see :class:`RunRequest`), with the host's own caps and
         deadline as backstops; the errors and ``control`` are as for :meth:`exec`. Whatever channel reaches the
@@ -298,7 +325,8 @@ class SandboxBackend(abc.ABC):
 
         ``calls`` answers the tool calls the run makes (a backend whose runs cannot make any ignores it; without
         it, every call is told that none can be made). While a call is being answered, the run's time limit
-        stands still."""
+        stands still. ``stdin``: a command's input (``request.with_input``), read chunk by chunk as the command
+        takes it, never held whole."""
 
     def prepare_run(self, container_id: str, request: RunRequest) -> None:
         """Make the channel that runs requests like this one ready ahead of the first (a resident executor,

@@ -25,12 +25,12 @@ import os
 import re
 import secrets
 import select
-import socket
 import struct
 import time
 from typing import Any, Literal, NamedTuple
 
-from sandbox_runtime.sandbox.backend import RunRequest, ScriptCalls
+from sandbox_runtime.sandbox.backend import CommandInput, RunRequest, ScriptCalls
+from sandbox_runtime.sandbox.channel_outbox import InputFeed, Outbox, OutboxBroken
 from sandbox_runtime.sandbox.exec_stream import Caller, Demux, Watch
 
 __all__ = ["Channel", "Done", "Exchange"]
@@ -41,7 +41,6 @@ _DIAGNOSTICS_MAX_BYTES = 8192  # what the executor itself writes on its stderr, 
 _STDOUT, _STDERR = 1, 2
 _WATCH_INTERVAL_S = 0.2
 _CANCEL_WAIT_S = 2.0  # a cancel the executor does not answer in this time is done by ending every process
-_OUTBOX_MAX_BYTES = 16 << 20  # replies the executor has not taken in: more means it no longer reads its stdin
 _FLUSH_WAIT_S = 5.0  # the rest of a reply already begun, sent after the run's end (the next request follows it)
 _UNANSWERED_LINE_MAX_BYTES = 4096  # with no ScriptCalls, a call line is not read, only answered
 _NO_CALLS: dict[str, object] = {
@@ -80,6 +79,7 @@ class Exchange(NamedTuple):
     over_cap: Literal["stdout", "stderr"] | None  # the host's own backstop cut the stream
     stop: Stop
     cancelled: bool  # the caller cancelled (the cancel was sent)
+    input_error: Exception | None = None  # the command's input source raised: the run was cancelled
 
 
 class _Broken(Exception):
@@ -94,6 +94,9 @@ class Channel:
         self._stream = stream
         self._sock = getattr(stream, "_sock", stream)
         self._fd = self._sock.fileno()
+        # every write goes through an Outbox, never blocking this loop (a socket with a timeout would wait in
+        # send() for room while the executor waits for its output to be read)
+        os.set_blocking(self._fd, False)
         self.exec_id = exec_id
         self.key = key
         self.pid: int | None = None
@@ -129,12 +132,14 @@ class Channel:
         watch: Watch,
         caller: Caller | None,
         calls: ScriptCalls | None = None,
+        stdin: CommandInput | None = None,
     ) -> Exchange:
         """Send one run and read it through: until ``D``, the end of the stream, the host's cap or deadline, the
         sandbox's end, or a broken channel. With a caller, its cancel is sent on and its progress reported;
-        ``calls`` answers the run's tool calls (the deadline moves on by the time each answer took)."""
+        ``calls`` answers the run's tool calls (the deadline moves on by the time each answer took); a command
+        that reads input gets ``stdin``'s chunks once the executor has started it (none are read before)."""
         nonce = secrets.token_hex(16)
-        line = {
+        line: dict[str, object] = {
             "op": "run",
             "nonce": nonce,
             "argv": list(request.program),
@@ -143,41 +148,52 @@ class Channel:
             "grace_s": request.grace_s,
             "caps": [request.stdout_max_bytes, request.stderr_max_bytes],
         }
+        if request.command:
+            line.update(command=True, env=request.command_environment, stdin=request.with_input)
+        feed = InputFeed(nonce, iter(()) if stdin is None else stdin) if request.with_input else None
         caps = request.host_caps
         state = _Reading(nonce, caps, _UNANSWERED_LINE_MAX_BYTES if calls is None else calls.line_max_bytes)
-        outbox = _Outbox(self._sock)
-        if not self._send(line):
+        outbox = Outbox(self._fd)
+        try:
+            outbox.add(json.dumps(line).encode() + b"\n")
+        except OutboxBroken:
             return state.exchange("eof")
         while True:
-            if caller is not None and not state.cancelled:
-                if caller.cancelled():
-                    state.cancelled = True
-                    self._send({"op": "cancel", "nonce": nonce})
-                    deadline = min(deadline, time.monotonic() + _CANCEL_WAIT_S)
-                else:
-                    caller.pace(state.totals[0] + state.totals[1])
-            left = deadline - time.monotonic()
-            if left <= 0:
-                return state.exchange("deadline")
-            if watch.due() and not watch.sample():
-                return state.exchange("died")
             try:
-                frames = self._read(min(left, _WATCH_INTERVAL_S), outbox)
+                if not state.cancelled and (
+                    (caller is not None and caller.cancelled()) or (feed is not None and feed.error is not None)
+                ):
+                    state.cancelled = True
+                    outbox.drop_input()  # a cancelled command needs no more input; the cancel goes next
+                    outbox.add(json.dumps({"op": "cancel", "nonce": nonce}).encode() + b"\n")
+                    deadline = min(deadline, time.monotonic() + _CANCEL_WAIT_S)
+                elif caller is not None and not state.cancelled:
+                    caller.pace(state.totals[0] + state.totals[1])
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return state.exchange("deadline", feed)
+                if watch.due() and not watch.sample():
+                    return state.exchange("died", feed)
+                if feed is not None and state.started and not state.cancelled:
+                    feed.top_up(outbox)
+                wants_room = feed is not None and state.started and not feed.ended and not state.cancelled
+                frames = self._read(min(left, _WATCH_INTERVAL_S), outbox, wants_room)
                 if frames is None:
-                    return state.exchange("eof")
+                    return state.exchange("eof", feed)
                 stop = state.take_all(frames)
                 # the call lines the run completed before its end are made as if it had waited for them, whether
                 # the end came in a later read or in this one
                 deadline += self._answer(state, outbox, calls)
                 if stop is not None:
                     self.last_used = time.monotonic()
+                    outbox.drop_input()  # the executor drops input lines between runs: only the one begun goes
                     if not outbox.flush(_FLUSH_WAIT_S) and state.done is not None:
                         state.done = state.done._replace(keep=False)  # a reply cut short: not reused
-                    return state.exchange(stop)
-            except _Broken:
-                return state.exchange("broken")
+                    return state.exchange(stop, feed)
+            except (_Broken, OutboxBroken):
+                return state.exchange("broken", feed)
 
-    def _answer(self, state: _Reading, outbox: _Outbox, calls: ScriptCalls | None) -> float:
+    def _answer(self, state: _Reading, outbox: Outbox, calls: ScriptCalls | None) -> float:
         """Answer the call lines that are complete; the seconds that took (the run's clock stood still)."""
         began = time.monotonic()
         for line in state.take_lines():
@@ -185,17 +201,13 @@ class Channel:
             outbox.add(json.dumps({"op": "reply", "nonce": state.nonce.decode(), "body": body}).encode() + b"\n")
         return time.monotonic() - began
 
-    def _send(self, message: dict[str, object]) -> bool:
-        try:
-            self._sock.sendall(json.dumps(message).encode() + b"\n")
-        except OSError:
-            return False
-        return True
-
-    def _read(self, timeout_s: float, outbox: _Outbox | None = None) -> list[tuple[bytes, bytes]] | None:
+    def _read(
+        self, timeout_s: float, outbox: Outbox | None = None, wants_room: bool = False
+    ) -> list[tuple[bytes, bytes]] | None:
         """The executor's frames that arrived within ``timeout_s`` (maybe none); None at the end of the stream.
-        Meanwhile what ``outbox`` holds is written as the executor takes it."""
-        sending = [self._fd] if outbox is not None and outbox.pending else []
+        Meanwhile what ``outbox`` holds is written as the executor takes it; ``wants_room``: the wait also ends
+        when the executor could take more (a command's input is being fed)."""
+        sending = [self._fd] if outbox is not None and (outbox.pending or wants_room) else []
         ready, writable, _ = select.select([self._fd], sending, [], timeout_s)
         if writable and outbox is not None:
             outbox.send_some()
@@ -228,48 +240,6 @@ class Channel:
         for handle in (self._stream, self._sock):
             with contextlib.suppress(OSError):
                 handle.close()
-
-
-class _Outbox:
-    """Reply lines on their way to the executor, written as it takes them, never blocking the loop."""
-
-    def __init__(self, sock: Any) -> None:
-        self._sock = sock
-        self._data = bytearray()
-
-    @property
-    def pending(self) -> bool:
-        return bool(self._data)
-
-    def add(self, line: bytes) -> None:
-        self._data += line
-        if len(self._data) > _OUTBOX_MAX_BYTES:
-            raise _Broken("the executor does not take its replies in")
-        self.send_some()
-
-    def send_some(self) -> None:
-        try:
-            sent = self._sock.send(self._data, socket.MSG_DONTWAIT)
-        except (BlockingIOError, InterruptedError):
-            return
-        except OSError as exc:
-            raise _Broken(f"the reply could not be sent: {exc}") from exc
-        del self._data[:sent]
-
-    def flush(self, timeout_s: float) -> bool:
-        """Send the rest within ``timeout_s``; False when it could not be."""
-        end = time.monotonic() + timeout_s
-        while self._data:
-            left = end - time.monotonic()
-            if left <= 0:
-                return False
-            _, writable, _ = select.select([], [self._sock], [], left)
-            if writable:
-                try:
-                    self.send_some()
-                except _Broken:
-                    return False
-        return True
 
 
 class _Reading:
@@ -352,7 +322,7 @@ class _Reading:
         lines, self._lines = self._lines, []
         return lines
 
-    def exchange(self, stop: Stop) -> Exchange:
+    def exchange(self, stop: Stop, feed: InputFeed | None = None) -> Exchange:
         return Exchange(
             started=self.started,
             done=self.done,
@@ -362,4 +332,5 @@ class _Reading:
             over_cap=self.over_cap,
             stop=stop,
             cancelled=self.cancelled,
+            input_error=None if feed is None else feed.error,
         )

@@ -25,6 +25,7 @@ from typing import Any, Protocol, cast
 from sandbox_runtime.control import CallControl
 from sandbox_runtime.errors import SandboxError, SandboxGone
 from sandbox_runtime.sandbox.backend import (
+    CommandInput,
     ExecResult,
     RunnerOutput,
     RunnerVerdict,
@@ -77,7 +78,12 @@ class ResidentExecutors:
         self.restarts = 0  # executors a run ended or got around: the container's next run starts a fresh one
 
     def run(
-        self, container_id: str, request: RunRequest, control: CallControl | None, calls: ScriptCalls | None = None
+        self,
+        container_id: str,
+        request: RunRequest,
+        control: CallControl | None,
+        calls: ScriptCalls | None = None,
+        stdin: CommandInput | None = None,
     ) -> RunnerOutput:
         started = time.monotonic()
         if control is not None and control.is_cancelled:
@@ -90,21 +96,54 @@ class ResidentExecutors:
             if control is not None:
                 caller = Caller(control, started, request.deadline_s, lambda: None)
             try:
-                exchange = channel.run(request, deadline, watch, caller, calls)
+                exchange = channel.run(request, deadline, watch, caller, calls, stdin)
             finally:
                 self._give_back(container_id, channel)
-            if exchange.stop == "done" and exchange.done is not None:
-                with self._guard:
-                    self._libraries[container_id] = exchange.done.libraries
-                if not exchange.done.keep:
-                    self._lose(container_id)
-                return _finished(exchange, watch, started)
-            self._lose(container_id)
+            if exchange.input_error is not None:  # the run was cancelled for it (or ended first)
+                self._settle(container_id, request, channel, exchange, watch, started)
+                raise SandboxError(f"the command's input could not be read: {exchange.input_error}") from (
+                    exchange.input_error
+                )
             if exchange.stop == "eof" and not exchange.started and attempt == 1:
+                self._lose(container_id)
                 logger.info("the executor of %s had ended; starting a fresh one", container_id[:12])
                 continue
-            return self._lost(container_id, request, channel, exchange, watch, started)
+            return self._settle(container_id, request, channel, exchange, watch, started)
         raise AssertionError("unreachable: the second attempt returns")
+
+    def _settle(
+        self,
+        container_id: str,
+        request: RunRequest,
+        channel: Channel,
+        exchange: Exchange,
+        watch: Watch,
+        started: float,
+    ) -> RunnerOutput:
+        """How a run that began came out: the executor's verdict when it saw the run through; else what is left of
+        it is ended, and there is no verdict."""
+        if exchange.stop == "done" and exchange.done is not None:
+            with self._guard:
+                self._libraries[container_id] = exchange.done.libraries
+            if not exchange.done.keep:
+                self._lose(container_id)
+            return _finished(exchange, watch, started)
+        self._lose(container_id)
+        exit_code = self._engine.exec_exit_code(channel.exec_id) if exchange.stop == "eof" else None
+        abrupt = exchange.stop in ("died", "eof")
+        died = abrupt and not self._engine.still_serves(container_id, request.user, watch)
+        if not died:
+            self._engine.end_all(container_id, request.user)  # the run's processes, and the executor if it lives
+        said = channel.diagnostics.decode(errors="replace").strip()
+        logger.warning(
+            "the executor of %s did not see a run through (%s%s)%s",
+            container_id[:12],
+            exchange.stop,
+            "" if exit_code is None else f", exit code {exit_code}",
+            f": {said[-300:]}" if said else "",
+        )
+        result = _exec_result(exchange, watch, started, exit_code)
+        return RunnerOutput(result.model_copy(update={"container_died": died}), None)
 
     def preload(self, container_id: str, request: RunRequest) -> None:
         """Open the container's executor for requests like this one (and wait until it is ready), when it has
@@ -159,32 +198,6 @@ class ResidentExecutors:
             channel.busy = False
             if self._channels.get(container_id) is not channel:
                 channel.close()
-
-    def _lost(
-        self,
-        container_id: str,
-        request: RunRequest,
-        channel: Channel,
-        exchange: Exchange,
-        watch: Watch,
-        started: float,
-    ) -> RunnerOutput:
-        """A run the executor did not see through: end what is left of it; no verdict."""
-        exit_code = self._engine.exec_exit_code(channel.exec_id) if exchange.stop == "eof" else None
-        abrupt = exchange.stop in ("died", "eof")
-        died = abrupt and not self._engine.still_serves(container_id, request.user, watch)
-        if not died:
-            self._engine.end_all(container_id, request.user)  # the run's processes, and the executor if it lives
-        said = channel.diagnostics.decode(errors="replace").strip()
-        logger.warning(
-            "the executor of %s did not see a run through (%s%s)%s",
-            container_id[:12],
-            exchange.stop,
-            "" if exit_code is None else f", exit code {exit_code}",
-            f": {said[-300:]}" if said else "",
-        )
-        result = _exec_result(exchange, watch, started, exit_code)
-        return RunnerOutput(result.model_copy(update={"container_died": died}), None)
 
     def _lose(self, container_id: str) -> None:
         """The container's executor cannot serve another run: ended, and counted."""

@@ -57,6 +57,8 @@ _IMAGE_FILES = (
     "executor.py",
     "sandbox_tools.py",
     "keeper.py",
+    "stdin_feed.py",
+    "files.py",
 )
 _SUBPROCESS_TIMEOUT_S = 900
 

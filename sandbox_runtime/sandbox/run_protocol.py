@@ -23,6 +23,8 @@ from sandbox_runtime.sandbox.runs import VerdictName
 
 __all__ = [
     "EXECUTOR",
+    "FILES",
+    "IMAGE_FILES",
     "KEEPER",
     "PYTHON",
     "RUNNER",
@@ -36,10 +38,12 @@ __all__ = [
 ]
 
 PYTHON = "/opt/venv/bin/python"
-RUNNER = "/opt/sandbox/run.py"
-EXECUTOR = "/opt/sandbox/executor.py"
-SELFCHECK = "/opt/sandbox/selfcheck.py"
-KEEPER = "/opt/sandbox/keeper.py"  # the first process where the engine gives no init (a pod): it reaps orphans
+IMAGE_FILES = "/opt/sandbox"  # the image's own programs (images/executor/*.py)
+RUNNER = f"{IMAGE_FILES}/run.py"
+EXECUTOR = f"{IMAGE_FILES}/executor.py"
+SELFCHECK = f"{IMAGE_FILES}/selfcheck.py"
+FILES = f"{IMAGE_FILES}/files.py"  # reads and writes a file as the code's uid (Conversation.read_bytes/write_bytes)
+KEEPER = f"{IMAGE_FILES}/keeper.py"  # the first process where the engine gives no init (a pod): it reaps orphans
 
 _GVISOR_PIDS_RESERVE = 64  # threads of gVisor's own kernel that count against the container's pids limit
 
@@ -53,12 +57,13 @@ def end_all_command() -> tuple[str, ...]:
     return (PYTHON, "-I", "-S", "-c", program)
 
 
-def run_request(policy: Policy, timeout_s: float, program: Sequence[str]) -> RunRequest:
-    """The request that runs ``program`` (the interpreter, a script, its arguments) under the in-sandbox runner
-    with the policy's caps, grace, identity and environment."""
+def run_request(policy: Policy, timeout_s: float, program: Sequence[str], *, command: bool = False) -> RunRequest:
+    """The request that runs ``program`` (the interpreter, a script, its arguments; with ``command``, a program and
+    its arguments) under the in-sandbox runner with the policy's caps, grace, identity and environment."""
     nproc_max = policy.sandbox.limits.pids_max - _GVISOR_PIDS_RESERVE if policy.sandbox.runtime == "runsc" else 0
     return RunRequest(
         program=tuple(program),
+        command=command,
         user=code_user(policy),
         environment=exec_environment(policy),
         working_dir=policy.sandbox.results_mount_path,

@@ -242,6 +242,13 @@ def evaluate_probe(
         "rebuild the image: sandbox-runtime image build --force",
     )
     add(
+        "login shell",
+        f"python3 is {PYTHON}3 in `sh -l` (as framework shell tools start it)",
+        probe.get("login_shell_python"),
+        probe.get("login_shell_python") == f"{PYTHON}3",
+        "rebuild the image (sandbox-runtime image build --force): its /etc/profile.d keeps /opt/venv/bin first",
+    )
+    add(
         "engine warnings",
         "none",
         "; ".join(create_warnings) or "none",

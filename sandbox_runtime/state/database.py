@@ -276,6 +276,20 @@ class StateDB:
             stored.update(self.stored_results(conversation_id, call_ids))
         return stored
 
+    def record_calls(self, calls: list[CallRecord], texts: list[str]) -> None:
+        """Keep calls that have no decision to store (a host program's own: nothing was shown to a model) in the
+        execution record, each with its audit entry, ``texts`` standing for what they returned, in one
+        transaction."""
+        tenants = {c.conversation_id: self.audit.tenant_of(c.conversation_id) for c in calls}
+        with self.engine.transaction() as db:
+            for record, text in zip(calls, texts, strict=True):
+                db.run(_INSERT_CALL, _call_values(record))
+                conversation, tenant = record.conversation_id, tenants[record.conversation_id]
+                detail = call_detail(record, text)
+                self.audit.append_in(
+                    db, "call", conversation=conversation, call_id=record.call_id, tenant=tenant, **detail
+                )
+
     def stored_results(self, conversation_id: str, call_ids: list[str] | None = None) -> dict[str, StoredResult]:
         """Stored decisions of a conversation (all, or those of ``call_ids``), by call id, oldest first."""
         select = f"SELECT {_columns(StoredResult)} FROM tool_results WHERE conversation_id = ?"  # noqa: S608  (our own columns)

@@ -33,8 +33,6 @@ from __future__ import annotations
 
 import errno
 import logging
-import re
-from typing import Protocol
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -42,11 +40,8 @@ from sandbox_runtime.control import CallControl
 from sandbox_runtime.conversations.handle import SandboxHandle
 from sandbox_runtime.errors import InvalidToolArguments, PathNotFound, PathRejected
 from sandbox_runtime.policy import Policy
-from sandbox_runtime.sandbox.manager_models import Sandbox
 from sandbox_runtime.sandbox.run_protocol import PYTHON, run_request
-from sandbox_runtime.sandbox.runs import ExecResult, RunnerVerdict
 from sandbox_runtime.spill.shown import spill_threshold_chars
-from sandbox_runtime.store.quota import QuotaUsage
 from sandbox_runtime.store.safe_paths import ResultsRoot
 from sandbox_runtime.telemetry.tracing import Span, failed, span
 from sandbox_runtime.tools.base import ScriptTools, ToolContext, ToolReturn, model_arguments
@@ -54,11 +49,11 @@ from sandbox_runtime.tools.run_outcome import run_outcome
 from sandbox_runtime.tools.run_result import (
     RunPythonResult,
     create_numbered,
-    decode,
     finish,
     not_saved,
     not_started,
 )
+from sandbox_runtime.tools.run_upkeep import acquire_run_lock, exec_control, quota_breach, tend_sandbox
 from sandbox_runtime.tools.script_calls import RunScriptCalls
 
 __all__ = [
@@ -71,13 +66,6 @@ __all__ = [
 ]
 
 logger = logging.getLogger(__name__)
-
-_NO_SPACE = re.compile(r"\[Errno 28\]|No space left on device")
-# ext4 refuses a large write while its delayed allocation still holds reservations, so the folder reads
-# "nearly full" rather than full when the script fails: within 5 % of the quota (at least 4 MiB)
-_NEARLY_FULL_BYTES = 4 * 1024 * 1024
-_LOCK_POLL_S = 0.2  # a cancelled call that waits for its conversation's lock gives up within this
-_TOUCH_AFTER_S = 1.0  # a run this long records its end as the sandbox's last use too
 
 
 def run_python_description(policy: Policy) -> str:
@@ -161,46 +149,12 @@ def run_python(
     args = parse_args(raw_args, policy)
     timeout_s = args.timeout_s or policy.run.default_timeout_s
     lock = sandbox.lock()
-    if not _acquire(lock, control):
+    if not acquire_run_lock(lock, control):
         return not_started(args.script_path)
     try:
         return _run_locked(sandbox, args, timeout_s, control, scripts)
     finally:
         lock.release()  # as soon as the run has ended: the conversation's next call starts at once
-
-
-class _Lock(Protocol):
-    """The conversation's run lock (its handle's): taken as a ``threading.RLock`` is."""
-
-    def acquire(self, blocking: bool = True, timeout: float = -1) -> bool: ...
-
-    def release(self) -> None: ...
-
-
-def _acquire(lock: _Lock, control: CallControl | None) -> bool:
-    """Take the conversation's lock; False (and not held) when the call is cancelled before it got it."""
-    if control is None:
-        lock.acquire()
-        return True
-    while not lock.acquire(timeout=_LOCK_POLL_S):
-        if control.is_cancelled:
-            return False
-    if control.is_cancelled:
-        lock.release()
-        return False
-    return True
-
-
-def _exec_control(control: CallControl | None, timeout_s: float) -> CallControl | None:
-    """The control the backend gets: the same cancel; progress given against the run's own time limit (the
-    backend's total is its deadline, which has the host's margins on top)."""
-    if control is None or control.progress is None:
-        return control
-
-    def report(progress: float, _total: float | None, message: str | None) -> None:
-        control.report(progress, timeout_s, message)
-
-    return CallControl(cancelled=control.cancelled, progress=report)
 
 
 def _run_locked(
@@ -228,16 +182,16 @@ def _run_locked(
     with span("sandbox.run", {"sandbox_runtime.run.number": run_number}) as running:
         spans = handle.run_spans()
         calls = RunScriptCalls(scripts, policy.script_tools, script, spans)
-        run_control = _exec_control(control, timeout_s)
+        run_control = exec_control(control, timeout_s)
         try:
             sandbox, (result, verdict, end) = handle.run(sandbox, request, run_control, calls, what=f"run {run_number}")
         finally:
             spans.close()
         outcome = run_outcome(policy, result, verdict, end)
         removed = outcome.removed
-        _tend(handle, sandbox, result, verdict, run_number, removed=removed)
+        tend_sandbox(handle, sandbox, result, verdict, run_number, removed=removed)
         status = outcome.status
-        breach = _quota_breach(handle, result) if status in ("ok", "error") and not removed else None
+        breach = quota_breach(handle, result) if status in ("ok", "error") and not removed else None
         if breach is not None:
             status = "quota_exceeded"
         finished = finish(policy, root, script, run_number, result, verdict, status, timeout_s, breach, removed=removed)
@@ -260,56 +214,6 @@ def _mark(running: Span, finished: RunPythonResult) -> None:
     if finished.status != "ok":
         error_type = finished.error.type if finished.error is not None else None
         failed(running, error_type or finished.status)
-
-
-def _tend(
-    handle: SandboxHandle,
-    sandbox: Sandbox,
-    result: ExecResult,
-    verdict: RunnerVerdict | None,
-    run_number: int,
-    *,
-    removed: bool,
-) -> None:
-    """Leave the sandbox fit for the next run: forget a removed or ended one, restart one the run got around."""
-    if removed:
-        handle.discard(sandbox, f"removed from outside during run {run_number}")
-    elif result.container_died:
-        # gVisor ends its whole sandbox when the code exhausts memory or processes
-        handle.discard(sandbox, f"the sandbox ended during run {run_number}")
-    elif (
-        result.over_cap is not None
-        or result.deadline_hit
-        or (verdict is not None and verdict.verdict == "left_running")
-    ):
-        # the runner did not stop the run itself (the code got around it, or a cancel's kill could not run), or
-        # a process of the run outlived the runner's sweep: end every process at once
-        logger.warning(
-            "run %d in %s passed the host's backstop (%s); restarting the sandbox",
-            run_number,
-            sandbox.conversation_id,
-            result.over_cap
-            or ("cancel" if result.cancelled else "deadline" if result.deadline_hit else "left running"),
-        )
-        handle.restart(sandbox)
-    if not (result.container_died or removed) and result.duration_s >= _TOUCH_AFTER_S:
-        handle.touch(sandbox)  # idle time counts from the run's end (a short run's start was recorded)
-
-
-def _quota_breach(handle: SandboxHandle, result: ExecResult) -> QuotaUsage | None:
-    """The folder's usage when the run ran into the disk quota, else None.
-
-    ``loop``: the script failed on ENOSPC and the results filesystem is nearly full — a full ``/tmp`` gives
-    the same error, but leaves the results folder with room. ``measured``: the folder is over the quota after
-    the run (writes during it were not stopped).
-    """
-    if handle.folders.quota_mode == "measured":
-        usage = handle.usage()
-        return usage if usage.used_bytes > usage.limit_bytes else None
-    if result.exit_code == 0 or not _NO_SPACE.search(decode(result.stderr[-8192:])):
-        return None
-    usage = handle.usage()
-    return usage if usage.free_bytes <= max(_NEARLY_FULL_BYTES, usage.limit_bytes // 20) else None
 
 
 def run_python_tool(ctx: ToolContext, args: RunPythonArgs) -> ToolReturn:

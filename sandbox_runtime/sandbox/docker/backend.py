@@ -24,6 +24,7 @@ from docker.utils import kwargs_from_env
 from sandbox_runtime.control import CallControl
 from sandbox_runtime.errors import EngineLost, EngineUnavailable, ImageError, SandboxError, SandboxGone
 from sandbox_runtime.sandbox.backend import (
+    CommandInput,
     ContainerInfo,
     ContainerSpec,
     EngineInfo,
@@ -287,8 +288,9 @@ class DockerBackend(SandboxBackend, ImageBuilder):
         request: RunRequest,
         control: CallControl | None = None,
         calls: ScriptCalls | None = None,
+        stdin: CommandInput | None = None,
     ) -> RunnerOutput:
-        return self._executors.run(container_id, request, control, calls)
+        return self._executors.run(container_id, request, control, calls, stdin)
 
     def prepare_run(self, container_id: str, request: RunRequest) -> None:
         self._executors.preload(container_id, request)

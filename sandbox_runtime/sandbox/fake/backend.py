@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from sandbox_runtime.control import CallControl
 from sandbox_runtime.errors import SandboxError, SandboxGone
 from sandbox_runtime.sandbox.backend import (
+    CommandInput,
     ContainerInfo,
     ContainerSpec,
     EngineInfo,
@@ -230,8 +231,9 @@ class FakeBackend(SandboxBackend):
         request: RunRequest,
         control: CallControl | None = None,
         calls: ScriptCalls | None = None,
+        stdin: CommandInput | None = None,
     ) -> RunnerOutput:
-        return self._executors.run(container_id, self._on_host(container_id, request), control, calls)
+        return self._executors.run(container_id, self._on_host(container_id, request), control, calls, stdin)
 
     def prepare_run(self, container_id: str, request: RunRequest) -> None:
         self._executors.preload(container_id, self._on_host(container_id, request))
@@ -250,6 +252,7 @@ class FakeBackend(SandboxBackend):
             update={
                 "program": tuple(place.argv(request.program)),
                 "working_dir": place.path(request.working_dir),
+                "command_environment": {key: place.path(value) for key, value in request.command_environment.items()},
                 "environment": place.environment(request.environment),
             }
         )

@@ -27,7 +27,7 @@ from pathlib import Path
 from sandbox_runtime.errors import SandboxError
 from sandbox_runtime.sandbox.backend import RunRequest
 from sandbox_runtime.sandbox.exec_stream import Watch
-from sandbox_runtime.sandbox.run_protocol import EXECUTOR, PYTHON
+from sandbox_runtime.sandbox.run_protocol import IMAGE_FILES, PYTHON
 
 __all__ = ["HostExecutorEngine", "HostPlace", "executor_path"]
 
@@ -61,8 +61,15 @@ class HostPlace:
     def argv(self, command: Sequence[str]) -> list[str]:
         """A command of the image as this host runs it: the image's interpreter is this process's own, the
         image's executor the package's copy, and paths in the results folder are the host folder's."""
-        mapped = {PYTHON: sys.executable, EXECUTOR: executor_path()}
-        return [mapped.get(part) or self.path(part) for part in command]
+        image_files = str(Path(executor_path()).parent)
+        return [
+            sys.executable
+            if part == PYTHON
+            else image_files + part[len(IMAGE_FILES) :]
+            if part.startswith(IMAGE_FILES + "/")
+            else self.path(part)
+            for part in command
+        ]
 
     def environment(self, environment: Mapping[str, str]) -> dict[str, str]:
         """A command's environment on the host: its paths rewritten; ``SANDBOX_RESULTS_MOUNT`` names the

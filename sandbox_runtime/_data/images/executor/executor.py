@@ -20,8 +20,15 @@ own memory reaches the next run, which is forked from the executor again; the ex
 Host to executor, one JSON object per line::
 
     {"op": "run", "nonce": N, "argv": [...], "cwd": "...", "timeout_s": T, "grace_s": G, "caps": [O, E]}
+    {"op": "run", ..., "command": true, "env": {...}, "stdin": true|false}   a command (see below)
     {"op": "cancel", "nonce": N}
     {"op": "reply", "nonce": N, "body": {...}}     the answer to the run's oldest unanswered tool call
+    {"op": "input", "nonce": N, "data": B64} / {"op": "input", "nonce": N, "end": true}   a command's stdin
+
+A *command* is a program run the same way, confined alike: the spare, once confined, executes ``argv[0]`` found
+on PATH in its own place (a shell's 127 when there is none, 126 when it cannot be run), with ``env`` laid over its
+environment; with ``stdin`` it reads the host's ``input`` lines (``stdin_feed.py``: streamed, at most 1 MiB held
+here), else /dev/null as a script does.
 
 Executor to host: frames of one kind byte, a 4-byte big-endian length and the payload::
 
@@ -77,6 +84,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import confine
 import run as runner
+from stdin_feed import Feed
 
 FRAME = struct.Struct(">cI")
 PIPE_BUF = 4096
@@ -123,7 +131,7 @@ class Stream:
     """The executor's end of the host channel: requests in (lines), frames out."""
 
     def __init__(self):
-        self.pending = b""
+        self.pending = bytearray()
         self.tampered = False
         self.ended = False  # the host closed stdin
 
@@ -136,7 +144,8 @@ class Stream:
 
     def read_request(self):
         """The next request (a dict), blocking; None at the end of the stream or on a line that is not one.
-        A reply between runs (its run ended before it came) is dropped: only the host writes here then."""
+        A reply or input line between runs (its run ended before it came) is dropped: only the host writes here
+        then."""
         while True:
             while b"\n" not in self.pending:
                 chunk = os.read(0, READ_CHUNK)
@@ -150,26 +159,41 @@ class Stream:
                 return None
             if not isinstance(request, dict):
                 return None
-            if request.get("op") != "reply":
+            if request.get("op") not in ("reply", "input"):
                 return request
 
-    def take_input(self, nonce, replies, final=False):
-        """Read what stdin holds now: True when the host cancelled the run. The bodies of the host's replies
-        are added to ``replies`` (each a JSON line); anything else marks tampering, and so does a part of a line
-        left when the run is over (``final``)."""
+    def take_input(self, nonce, replies, final=False, feed=None):
+        """Read what stdin holds now (while ``feed``, a command's stdin, has room): True when the host cancelled
+        the run. The bodies of the host's replies are added to ``replies`` (each a JSON line), its input lines go
+        to ``feed``; anything else marks tampering, and so does a part of a line left when the run is over
+        (``final``), unless the host was still sending the command's input then."""
         cancelled = False
-        while select.select([0], [], [], 0)[0]:
+        while True:
+            cancelled = self._take_lines(nonce, replies, feed) or cancelled
+            if self.ended or (feed is not None and feed.full) or not select.select([0], [], [], 0)[0]:
+                break
             chunk = os.read(0, READ_CHUNK)
             if not chunk:
                 self.tampered = self.ended = True
                 break
             self.pending += chunk
-        while b"\n" in self.pending:
-            line, _, self.pending = self.pending.partition(b"\n")
+        if self.pending and (self.ended or (final and (feed is None or feed.ended))):
+            self.tampered = True  # the host writes whole lines, and none after the run's end
+        return cancelled
+
+    def _take_lines(self, nonce, replies, feed):
+        """Take the whole lines ``pending`` holds (see :meth:`take_input`); True when one is the host's cancel."""
+        cancelled = False
+        start = 0
+        while True:
+            end = self.pending.find(b"\n", start)
+            if end < 0:
+                break
             try:
-                request = json.loads(line)
+                request = json.loads(self.pending[start:end])
             except ValueError:
                 request = None
+            start = end + 1
             if request == {"op": "cancel", "nonce": nonce}:
                 cancelled = True
             elif (
@@ -178,10 +202,12 @@ class Stream:
                 and (request["op"] == "reply" and request["nonce"] == nonce)
             ):
                 replies.append(json.dumps(request["body"]).encode() + b"\n")
+            elif isinstance(request, dict) and request.get("op") == "input" and request.get("nonce") == nonce:
+                if feed is None or not feed.take(request):
+                    self.tampered = True
             else:
                 self.tampered = True
-        if self.pending and (self.ended or final):
-            self.tampered = True  # the host writes whole lines, and none after the run's end
+        del self.pending[:start]
         return cancelled
 
 
@@ -189,7 +215,8 @@ class Spare:
     """A child forked while no run exists, waiting for its job: the run's pipes are made with it (output, the
     job, the confinement's word, and the tool calls: the run's calls out, the host's replies in).
 
-    In the child, ``pid`` is 0 and only its own ends are open (stdin is /dev/null)."""
+    In the child, ``pid`` is 0 and only its own ends are open (stdin is /dev/null; a command whose job gives it
+    input gets the stdin pipe's end instead)."""
 
     def __init__(self):
         out_read, out_write = os.pipe()
@@ -199,6 +226,7 @@ class Spare:
         call_read, call_write = os.pipe()
         reply_read, reply_write = os.pipe()
         used_read, used_write = os.pipe()
+        in_read, in_write = os.pipe()  # a command's stdin, when its job asks for it
         self.pid = os.fork()
         if self.pid == 0:
             null = os.open(os.devnull, os.O_RDONLY)
@@ -206,14 +234,16 @@ class Spare:
             os.dup2(out_write, 1)
             os.dup2(err_write, 2)
             for fd in _open_fds():
-                if fd not in (0, 1, 2, job_read, ctl_write, call_write, reply_read, used_write):
+                if fd not in (0, 1, 2, job_read, ctl_write, call_write, reply_read, used_write, in_read):
                     _close(fd)
-            self.job_read, self.ctl_write = job_read, ctl_write
+            self.job_read, self.ctl_write, self.in_read = job_read, ctl_write, in_read
             self.call_write, self.reply_read = call_write, reply_read
             self.used_write = used_write
             return
-        for fd in (out_write, err_write, job_read, ctl_write, call_write, reply_read, used_write):
+        for fd in (out_write, err_write, job_read, ctl_write, call_write, reply_read, used_write, in_read):
             os.close(fd)
+        os.set_blocking(in_write, False)
+        self.in_write = in_write
         os.set_blocking(used_read, False)
         self.used_read = used_read
         os.set_blocking(reply_write, False)  # a run that does not read its replies never holds the executor up
@@ -245,6 +275,7 @@ class Spare:
             self.call_read,
             self.reply_write,
             self.used_read,
+            self.in_write,
         ):
             _close(fd)
 
@@ -344,9 +375,9 @@ class _Calls:
             self.writing = False
 
 
-def _relay(stream, spare, nonce, timeout_s, caps):
-    """Pass the run's output and tool calls on as frames, and the host's replies back, until it exits, a cap is
-    passed, the time is up or the host cancels.
+def _relay(stream, spare, nonce, timeout_s, caps, with_input):
+    """Pass the run's output and tool calls on as frames, and the host's replies back (and a command's input, when
+    ``with_input``), until it exits, a cap is passed, the time is up or the host cancels.
 
     Returns ("exited", wait status), ("output_limit", stream name), ("timeout", None) or ("cancelled", None).
     Closes the run's pipes."""
@@ -355,8 +386,11 @@ def _relay(stream, spare, nonce, timeout_s, caps):
     pipes = {spare.out_read: (b"O", 0), spare.err_read: (b"E", 1), spare.call_read: (b"C", None)}
     for fd in (*pipes, 0):
         poller.register(fd, select.POLLIN)
+    listening = True  # fd 0 is on the poller
     exit_watch = runner.ChildExit(spare.pid, poller)
     calls = _Calls(spare, poller)
+    feed = Feed(spare.in_write, poller) if with_input else None
+    spare.in_write = None  # the feed's now
     sent = [0, 0]
     try:
         while True:
@@ -369,13 +403,22 @@ def _relay(stream, spare, nonce, timeout_s, caps):
             for fd, _event in poller.poll(1000 * wait_s):
                 if fd == 0:
                     replies = []
-                    cancelled = stream.take_input(nonce, replies)
+                    cancelled = stream.take_input(nonce, replies, feed=feed)
                     calls.answered(replies)
                     if cancelled and not stream.tampered:
                         return "cancelled", None
+                    if feed is not None:
+                        feed.settle()
+                    if stream.tampered or (feed is not None and feed.full):
+                        poller.unregister(0)  # tampered: the run is seen through, the executor ends after it
+                        listening = False
                     if stream.tampered:
-                        poller.unregister(0)  # the run is seen through; the executor ends after it
                         calls.host_gone()
+                elif feed is not None and fd == feed.fd:
+                    feed.write()
+                    if not listening and not feed.full and not stream.tampered:
+                        poller.register(0, select.POLLIN)
+                        listening = True
                 elif fd == spare.reply_write:
                     calls.write()
                 elif fd in pipes and _forward(stream, poller, fd, pipes, sent, caps, calls):
@@ -386,6 +429,8 @@ def _relay(stream, spare, nonce, timeout_s, caps):
             os.close(fd)
         if spare.reply_write is not None:
             _close(spare.reply_write)
+        if feed is not None:
+            feed.close()
 
 
 def _forward(stream, poller, fd, pipes, sent, caps, calls):
@@ -422,20 +467,48 @@ def _verdict(outcome, detail):
 
 
 def _job(request):
-    """The validated run request as (nonce, job for the spare, timeout_s, grace_s, caps), or None."""
+    """The validated run request as (nonce, job for the spare, timeout_s, grace_s, caps), or None.
+
+    A script's job is ``argv`` = the interpreter, the script, its arguments; a ``command``'s is the program (found
+    on PATH) and its arguments, with ``env`` laid over the executor's environment and, with ``stdin``, the
+    run's input lines on its standard input (else it reads /dev/null, as a script does)."""
     try:
         nonce, argv, cwd = request["nonce"], request["argv"], request["cwd"]
         timeout_s, grace_s = float(request["timeout_s"]), float(request["grace_s"])
         caps = (int(request["caps"][0]), int(request["caps"][1]))
     except (KeyError, TypeError, ValueError, IndexError):
         return None
+    command, env, stdin = request.get("command", False), request.get("env", {}), request.get("stdin", False)
     if not (isinstance(nonce, str) and nonce.isalnum() and 16 <= len(nonce) <= 64 and isinstance(cwd, str)):
         return None
-    if not (isinstance(argv, list) and len(argv) >= 2 and all(isinstance(a, str) for a in argv)):
+    shortest = 1 if command is True else 2
+    if not (isinstance(argv, list) and len(argv) >= shortest and all(isinstance(a, str) for a in argv)):
         return None
-    if not (timeout_s > 0 and grace_s >= 0 and min(caps) > 0):
+    if not (
+        timeout_s > 0
+        and grace_s >= 0
+        and min(caps) > 0
+        and command in (True, False)
+        and stdin in (True, False)
+        and (command or not (env or stdin))
+        and isinstance(env, dict)
+        and all(_variable(name, value) for name, value in env.items())
+    ):
         return None
-    return nonce, {"argv": argv, "cwd": cwd}, timeout_s, grace_s, caps
+    job = {"argv": argv, "cwd": cwd, "command": command, "env": env, "stdin": stdin}
+    return nonce, job, timeout_s, grace_s, caps
+
+
+def _variable(name, value):
+    """Whether ``name=value`` can be an environment entry."""
+    return (
+        isinstance(name, str)
+        and isinstance(value, str)
+        and name != ""
+        and "=" not in name
+        and "\0" not in name
+        and "\0" not in value
+    )
 
 
 def _serve_one(stream, spare, job, libraries):
@@ -444,6 +517,9 @@ def _serve_one(stream, spare, job, libraries):
     nonce, work, timeout_s, grace_s, caps = job
     stream.send(b"S", nonce.encode())
     failure = spare.hand_over(work)
+    if not work["stdin"] or failure:
+        os.close(spare.in_write)
+        spare.in_write = None
     if failure:
         for fd in (spare.out_read, spare.err_read, spare.call_read, spare.reply_write, spare.used_read):
             os.close(fd)
@@ -452,13 +528,14 @@ def _serve_one(stream, spare, job, libraries):
         stream.send(b"E", reason.encode())
         verdict = ("not_started", runner.NOT_STARTED_EXIT, None, None)
     else:
-        outcome, detail = _relay(stream, spare, nonce, timeout_s, caps)
+        outcome, detail = _relay(stream, spare, nonce, timeout_s, caps, work["stdin"])
         verdict = _verdict(outcome, detail)
         settle = grace_s if outcome == "timeout" else 0.0 if outcome in ("output_limit", "cancelled") else 0.2
         if not runner.sweep(settle):
             verdict = ("left_running", runner.LEFT_RUNNING_EXIT, None, None)
         libraries |= spare.libraries_used()
-    stream.take_input(nonce, [], final=True)  # after the sweep nothing of the run is left to write to stdin
+    # after the sweep nothing of the run is left to write to stdin (the host may still be sending its input)
+    stream.take_input(nonce, [], final=True, feed=Feed(None, None) if work["stdin"] else None)
     keep = not stream.tampered and verdict[0] != "left_running"
     name, exit_status, signal_number, which = verdict
     fields = (nonce, name, str(exit_status), "-" if signal_number is None else str(signal_number), which or "-")
@@ -587,6 +664,27 @@ def _become_main(argv, cwd, used_write):
     _exit(0, used_write)
 
 
+def _become_command(argv, cwd, env):
+    """Run a program in place of this process, as a shell would: found on PATH, the signals a shell leaves at
+    their defaults, 127 when there is no such program, 126 when it cannot be run (or ``cwd`` cannot be entered)."""
+    for sig in (signal.SIGPIPE, signal.SIGINT):
+        signal.signal(sig, signal.SIG_DFL)
+    try:
+        os.chdir(cwd)
+    except OSError as exc:
+        os.write(2, f"sandbox-runtime: cannot enter {cwd}: {exc.strerror}\n".encode(errors="backslashreplace"))
+        os._exit(126)
+    os.environ.update(env)
+    try:
+        os.execvpe(argv[0], argv, os.environ)
+    except FileNotFoundError:
+        said, status = "command not found", 127
+    except OSError as exc:
+        said, status = exc.strerror or type(exc).__name__, 126
+    os.write(2, f"{argv[0]}: {said}\n".encode(errors="backslashreplace"))
+    os._exit(status)
+
+
 def _exit(code, used_write):
     """End the run as the interpreter would (threads joined, atexit run, streams flushed), without tearing the
     preloaded modules down one by one: that costs tens of milliseconds and dirties every page of the heap."""
@@ -634,6 +732,11 @@ def main(argv):
     spare = _serve(libraries)
     _prepare(spare, nproc_max)
     job = _take_job(spare)
+    if job["stdin"]:
+        os.dup2(spare.in_read, 0)
+    os.close(spare.in_read)
+    if job["command"]:
+        _become_command(job["argv"], job["cwd"], job["env"])
     _become_main(job["argv"], job["cwd"], spare.used_write)
 
 

@@ -8,6 +8,7 @@ import errno
 import json
 import os
 import socket
+import subprocess
 import sys
 
 
@@ -79,6 +80,17 @@ def _try_user_namespace():
     return errno.errorcode.get(ctypes.get_errno(), "refused")
 
 
+def _login_shell_python():
+    """What ``python3`` is in a login shell (``sh -l`` reads /etc/profile, which sets PATH anew)."""
+    try:
+        done = subprocess.run(
+            ["/bin/sh", "-lc", "command -v python3"], capture_output=True, timeout=20, check=False, text=True
+        )
+    except (OSError, subprocess.SubprocessError) as exc:
+        return repr(exc)
+    return done.stdout.strip() or done.stderr.strip()[-200:]
+
+
 def main():
     results_path = sys.argv[1]
     host_port = int(sys.argv[2]) if len(sys.argv) > 2 else 0
@@ -120,6 +132,7 @@ def main():
             report["import_" + module] = False
         else:
             report["import_" + module] = True
+    report["login_shell_python"] = _login_shell_python()
     report["user_namespace"] = _try_user_namespace()  # last: if it were allowed, it changes this process
     json.dump(report, sys.stdout)
 

@@ -1,0 +1,90 @@
+"""Reading and writing a file in the conversation's sandbox for a host program (``Conversation.read_bytes`` /
+``write_bytes``): done inside the sandbox, as the code's uid (the image's ``files.py``, run as a command), so the
+sandbox's own permissions hold as they do for the code, and the quota as it does for any write.
+
+Paths: absolute beneath the results folder or ``/tmp`` (what the code's uid may write), or relative to the results
+folder. A link that leads out of those, a FIFO, a socket or a device is refused (``UnsafeFileType``), and so is a
+path elsewhere (``PathOutsideResults``); a file over the read cap is ``FileTooLarge``. Anything else the sandbox
+refuses comes back as Python's own exception for it (``FileNotFoundError``, ``PermissionError``,
+``IsADirectoryError``, ``NotADirectoryError``, or ``OSError`` with its errno, a full disk's included), with the
+sandbox path in the message.
+"""
+
+from __future__ import annotations
+
+import json
+import posixpath
+from collections.abc import Iterator
+
+from sandbox_runtime.control import CallControl
+from sandbox_runtime.conversations.handle import SandboxHandle
+from sandbox_runtime.errors import FileTooLarge, PathOutsideResults, SandboxError, UnsafeFileType
+from sandbox_runtime.sandbox.run_protocol import FILES, PYTHON
+from sandbox_runtime.tools.command import CommandArgs, CommandResult, run_command
+
+__all__ = ["read_sandbox_file", "sandbox_path", "write_sandbox_file"]
+
+_TMP = "/tmp"  # the sandbox's own /tmp, a tmpfs of its own
+_FAILED_EXIT = 3  # files.py's word for a refusal or an OSError, told on stderr
+_REFUSALS = {"outside": PathOutsideResults, "link_out": UnsafeFileType, "not_regular": UnsafeFileType}
+
+
+def sandbox_path(handle: SandboxHandle, path: str) -> str:
+    """``path`` as the sandbox names it: absolute beneath the results folder or /tmp (normalised), else an error."""
+    results = handle.policy.sandbox.results_mount_path.rstrip("/")
+    if not path or "\x00" in path:
+        raise PathOutsideResults(f"not a path: {path!r}")
+    absolute = posixpath.normpath(path if path.startswith("/") else f"{results}/{path}")
+    if not any(absolute == root or absolute.startswith(root + "/") for root in (results, _TMP)):
+        raise PathOutsideResults(f"{path} is outside {results} and {_TMP} (the folders the sandbox's code may write)")
+    return absolute
+
+
+def read_sandbox_file(
+    handle: SandboxHandle, path: str, *, max_bytes: int, control: CallControl | None = None
+) -> tuple[str, bytes]:
+    """The sandbox path and the bytes of the file at ``path``, read as the code's uid (at most ``max_bytes``)."""
+    where = sandbox_path(handle, path)
+    args = CommandArgs(argv=_files("read", where, handle), stdout_max_bytes=max_bytes, stderr_max_bytes=64 * 1024)
+    result = run_command(handle, args, control=control)
+    if result.status == "output_limit":
+        raise FileTooLarge(f"{where} is larger than {max_bytes} bytes, the cap of this read")
+    _raise_for(result, where)
+    return where, result.stdout
+
+
+def write_sandbox_file(
+    handle: SandboxHandle, path: str, chunks: Iterator[bytes], *, control: CallControl | None = None
+) -> str:
+    """Write ``chunks`` to the file at ``path`` as the code's uid (created or emptied first, parents made); its
+    sandbox path."""
+    where = sandbox_path(handle, path)
+    args = CommandArgs(argv=_files("write", where, handle), stderr_max_bytes=64 * 1024, with_input=True)
+    _raise_for(run_command(handle, args, chunks, control=control), where)
+    return where
+
+
+def _files(operation: str, where: str, handle: SandboxHandle) -> list[str]:
+    return [PYTHON, "-I", "-S", FILES, operation, where, handle.policy.sandbox.results_mount_path, _TMP]
+
+
+def _raise_for(result: CommandResult, where: str) -> None:
+    """Nothing when the helper did what it was asked; else the error it reported, as Python's own."""
+    if result.status == "ok":
+        return
+    if result.exit_code == _FAILED_EXIT:
+        try:
+            said = json.loads(result.stderr.decode("utf-8", "replace").strip().splitlines()[-1])
+        except (ValueError, IndexError):
+            said = None
+        if isinstance(said, dict):
+            refused = _REFUSALS.get(str(said.get("refused")))
+            if refused is not None:
+                raise refused(str(said.get("message")))
+            number = said.get("errno")
+            if isinstance(number, int):
+                raise OSError(number, str(said.get("message", "")).split(":", 1)[0], where)
+    said_text = result.stderr.decode("utf-8", "replace")[-500:]
+    raise SandboxError(
+        f"the file operation on {where} ended {result.status} (exit code {result.exit_code}): {said_text}"
+    )
