@@ -66,9 +66,9 @@ install_dev_extras() {
   .venv/bin/python -m pip install -q -e '.[dev,mcp]'
   touch .venv/.installed-dev
 }
-if ! .venv/bin/python -c 'import sandbox_runtime, mcp, pydantic_ai.mcp, psycopg_pool, pytest, xdist, ruff, mypy, mkdocs, material' >/dev/null 2>&1 \
+if ! .venv/bin/python -c 'import sandbox_runtime, mcp, pydantic_ai.mcp, psycopg_pool, pytest, xdist, ruff, mypy, mkdocs, material, inspect_ai, agents' >/dev/null 2>&1 \
    || [ pyproject.toml -nt .venv/.installed-dev ]; then
-  log "installing sandbox-runtime's mcp and postgresql extras, its development tools and pydantic-ai-slim[mcp] into .venv"
+  log "installing sandbox-runtime's mcp and postgresql extras, its development tools, pydantic-ai-slim[mcp], inspect-ai and openai-agents into .venv"
   timed "installing into .venv" install_dev_extras
 fi
 

@@ -51,6 +51,7 @@ LAYERS: tuple[tuple[str, frozenset[str]], ...] = (
     ("tools", frozenset({"tools"})),
     ("pipeline", frozenset({"pipeline"})),
     ("python api", frozenset({"api"})),
+    ("adapters", frozenset({"adapters"})),  # the frameworks' sandbox contracts over the Python API
     ("mcp", frozenset({"mcp"})),
     ("cli", frozenset({"cli", "__main__", "__init__"})),
 )

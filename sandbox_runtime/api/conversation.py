@@ -179,11 +179,11 @@ class Conversation:
             return result
 
     def read_bytes(self, path: str, *, max_bytes: int | None = None, control: CallControl | None = None) -> bytes:
-        """The bytes of a file in the sandbox (the results folder or /tmp; relative: in the results folder), read
+        """The bytes of a file in the sandbox (any the code's uid may read; relative: in the results folder), read
         as the code's uid, at most ``max_bytes`` (``[store] read_max_bytes``: its default and largest). Errors are
         Python's own (``FileNotFoundError``, ``PermissionError``, ``IsADirectoryError``, ``NotADirectoryError``)
-        with the sandbox path, or a :class:`~sandbox_runtime.errors.PathRejected` for a path elsewhere, a link
-        out, a FIFO or a device, or a file over the cap (see :mod:`~sandbox_runtime.tools.sandbox_files`)."""
+        with the sandbox path, or a :class:`~sandbox_runtime.errors.PathRejected` for a FIFO, socket or device or
+        a file over the cap (see :mod:`~sandbox_runtime.tools.sandbox_files`)."""
         cap = self.runtime.policy.store.read_max_bytes
         if max_bytes is not None and not 0 < max_bytes <= cap:
             raise InvalidToolArguments(f"read_bytes: max_bytes is between 1 and read_max_bytes={cap}")
@@ -199,9 +199,10 @@ class Conversation:
             return data
 
     def write_bytes(self, path: str, data: CommandStdin, *, control: CallControl | None = None) -> str:
-        """Write ``data`` (bytes, a binary file or byte chunks, streamed) to a file in the sandbox as the code's
-        uid: created or emptied first, its missing folders made; the quota holds. Returns the sandbox path.
-        Errors as for :meth:`read_bytes`; a full folder is an ``OSError`` with its errno."""
+        """Write ``data`` (bytes, a binary file or byte chunks, streamed) to a file in the results folder or /tmp as
+        the code's uid: created or emptied first, its missing folders made; the quota holds. Returns the sandbox
+        path. Errors as for :meth:`read_bytes`, and ``PathOutsideResults`` for a path elsewhere, ``UnsafeFileType``
+        for one through a link out of them; a full folder is an ``OSError`` with its errno."""
         chunks = input_chunks(data)
 
         def work(context: ToolContext) -> Done:

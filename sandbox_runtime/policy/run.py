@@ -33,10 +33,13 @@ class RunPolicy(Section):
         description="Largest stdout or stderr cap one command (Conversation.exec) may ask for, and its cap when it "
         "asks none; past its cap the command is ended and its result says output_limit.",
     )
-    command_line_max_bytes: PositiveInt = Field(
-        256 * 1024,
+    command_line_max_bytes: int = Field(
+        2 * MiB,
+        gt=0,
+        le=3 * MiB,
         description="Largest command line of one command: its words, working directory and variables, as JSON "
-        "in UTF-8.",
+        "with every non-ASCII character escaped (as the executor is sent it; at most 3 MiB, under the executor's own "
+        "4 MiB line). The kernel's own limit still holds: about 2 MiB of words and variables, 128 KiB each.",
     )
 
 

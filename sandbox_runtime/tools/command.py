@@ -90,8 +90,8 @@ def check_command(args: CommandArgs, policy: Policy) -> CommandArgs:
     bad = sorted(name for name in args.env if not _NAME.match(name))
     if bad:
         raise InvalidToolArguments(f"exec: not variable names (letters, digits, _; not first a digit): {bad}")
-    line = json.dumps({"argv": args.argv, "cwd": args.cwd, "env": args.env}, ensure_ascii=False)
-    if len(line.encode("utf-8", "surrogatepass")) > run.command_line_max_bytes:
+    line = json.dumps({"argv": args.argv, "cwd": args.cwd, "env": args.env})  # as the channel sends it
+    if len(line) > run.command_line_max_bytes:
         raise InvalidToolArguments(
             f"exec: the command line is over command_line_max_bytes={run.command_line_max_bytes}; pass data on "
             "stdin or in a file instead"

@@ -2,9 +2,11 @@
 ``write_bytes``): done inside the sandbox, as the code's uid (the image's ``files.py``, run as a command), so the
 sandbox's own permissions hold as they do for the code, and the quota as it does for any write.
 
-Paths: absolute beneath the results folder or ``/tmp`` (what the code's uid may write), or relative to the results
-folder. A link that leads out of those, a FIFO, a socket or a device is refused (``UnsafeFileType``), and so is a
-path elsewhere (``PathOutsideResults``); a file over the read cap is ``FileTooLarge``. Anything else the sandbox
+Paths are absolute, or relative to the results folder. A read may name any file the code's uid may read (the
+sandbox's own files: what its code can read anyway); a write goes beneath the results folder or ``/tmp`` (what
+the code's uid may write), a link that leads out of them refused (``UnsafeFileType``), a path elsewhere too
+(``PathOutsideResults``). A FIFO, a socket or a device is never read or written (``UnsafeFileType``); a file over
+the read cap is ``FileTooLarge``. Anything else the sandbox
 refuses comes back as Python's own exception for it (``FileNotFoundError``, ``PermissionError``,
 ``IsADirectoryError``, ``NotADirectoryError``, or ``OSError`` with its errno, a full disk's included), with the
 sandbox path in the message.
@@ -29,23 +31,28 @@ _FAILED_EXIT = 3  # files.py's word for a refusal or an OSError, told on stderr
 _REFUSALS = {"outside": PathOutsideResults, "link_out": UnsafeFileType, "not_regular": UnsafeFileType}
 
 
-def sandbox_path(handle: SandboxHandle, path: str) -> str:
-    """``path`` as the sandbox names it: absolute beneath the results folder or /tmp (normalised), else an error."""
+def sandbox_path(handle: SandboxHandle, path: str, *, writing: bool) -> str:
+    """``path`` as the sandbox names it (absolute, normalised); one to write must be beneath the results folder or
+    /tmp."""
     results = handle.policy.sandbox.results_mount_path.rstrip("/")
     if not path or "\x00" in path:
         raise PathOutsideResults(f"not a path: {path!r}")
     absolute = posixpath.normpath(path if path.startswith("/") else f"{results}/{path}")
-    if not any(absolute == root or absolute.startswith(root + "/") for root in (results, _TMP)):
+    if writing and not any(absolute == root or absolute.startswith(root + "/") for root in _writable(handle)):
         raise PathOutsideResults(f"{path} is outside {results} and {_TMP} (the folders the sandbox's code may write)")
     return absolute
+
+
+def _writable(handle: SandboxHandle) -> tuple[str, str]:
+    return handle.policy.sandbox.results_mount_path.rstrip("/"), _TMP
 
 
 def read_sandbox_file(
     handle: SandboxHandle, path: str, *, max_bytes: int, control: CallControl | None = None
 ) -> tuple[str, bytes]:
     """The sandbox path and the bytes of the file at ``path``, read as the code's uid (at most ``max_bytes``)."""
-    where = sandbox_path(handle, path)
-    args = CommandArgs(argv=_files("read", where, handle), stdout_max_bytes=max_bytes, stderr_max_bytes=64 * 1024)
+    where = sandbox_path(handle, path, writing=False)
+    args = CommandArgs(argv=_files("read", where, ("/",)), stdout_max_bytes=max_bytes, stderr_max_bytes=64 * 1024)
     result = run_command(handle, args, control=control)
     if result.status == "output_limit":
         raise FileTooLarge(f"{where} is larger than {max_bytes} bytes, the cap of this read")
@@ -58,14 +65,14 @@ def write_sandbox_file(
 ) -> str:
     """Write ``chunks`` to the file at ``path`` as the code's uid (created or emptied first, parents made); its
     sandbox path."""
-    where = sandbox_path(handle, path)
-    args = CommandArgs(argv=_files("write", where, handle), stderr_max_bytes=64 * 1024, with_input=True)
+    where = sandbox_path(handle, path, writing=True)
+    args = CommandArgs(argv=_files("write", where, _writable(handle)), stderr_max_bytes=64 * 1024, with_input=True)
     _raise_for(run_command(handle, args, chunks, control=control), where)
     return where
 
 
-def _files(operation: str, where: str, handle: SandboxHandle) -> list[str]:
-    return [PYTHON, "-I", "-S", FILES, operation, where, handle.policy.sandbox.results_mount_path, _TMP]
+def _files(operation: str, where: str, roots: tuple[str, ...]) -> list[str]:
+    return [PYTHON, "-I", "-S", FILES, operation, where, *roots]
 
 
 def _raise_for(result: CommandResult, where: str) -> None:

@@ -89,7 +89,7 @@ from stdin_feed import Feed
 FRAME = struct.Struct(">cI")
 PIPE_BUF = 4096
 READ_CHUNK = 65536
-REQUEST_MAX_BYTES = 1 << 20
+REQUEST_MAX_BYTES = 4 << 20  # a command's words and variables are up to [run] command_line_max_bytes (3 MiB)
 REPLIES_MAX_BYTES = 8 << 20  # replies a run has not read; past this it gets none any more (its pipe is closed)
 CANCELLED_EXIT = 130
 EXECUTOR_NAME = "sr-executor"  # the executor's process name (``/proc/<pid>/comm``), and a new spare's until it renames

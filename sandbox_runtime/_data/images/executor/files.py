@@ -4,9 +4,9 @@ Usage: python -I -S files.py read|write PATH ROOT...
 
 ``read`` copies the file to stdout; ``write`` copies stdin to the file (created, or emptied first; its missing
 parent folders made). PATH is absolute. Run as the code's uid, so the sandbox's own permissions decide, as they
-would for the code. Only paths beneath a ROOT (the results folder, /tmp) are taken, after every link in them is
-resolved: a link that leads elsewhere is refused, and so is anything but a regular file (a FIFO would block, a
-device is not data).
+would for the code. Only paths beneath a ROOT are taken (``/`` for a read; the results folder and /tmp for a
+write), after every link in them is resolved: a link that leads elsewhere is refused, and so is anything but a
+regular file (a FIFO would block, a device is not data).
 
 On success it exits 0. Otherwise it exits 3 with one JSON line on stderr: ``{"errno": N or null, "refused":
 REASON or null, "message": TEXT}``. Standard library only: this file runs inside the executor image.
