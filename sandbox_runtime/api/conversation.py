@@ -39,7 +39,13 @@ from sandbox_runtime.tenancy import DEFAULT_TENANT, conversation_key
 from sandbox_runtime.tools.base import ToolContext, model_arguments
 from sandbox_runtime.tools.command import CommandArgs, CommandResult, check_command, run_command
 from sandbox_runtime.tools.run_python import RunPythonArgs, RunPythonResult, run_python
-from sandbox_runtime.tools.sandbox_files import read_sandbox_file, write_sandbox_file
+from sandbox_runtime.tools.sandbox_files import (
+    Operation,
+    SandboxEntry,
+    read_sandbox_file,
+    sandbox_file_operation,
+    write_sandbox_file,
+)
 
 if TYPE_CHECKING:
     from sandbox_runtime.api.runtime import Runtime
@@ -214,6 +220,44 @@ class Conversation:
                 self.runtime.dispatcher, self.key, "write_bytes", {"path": path}, work, str, control
             )
             return where
+
+    def stat(self, path: str, *, control: CallControl | None = None) -> SandboxEntry:
+        """The file or folder at ``path`` in the sandbox (links followed), as the code's uid sees it."""
+        return SandboxEntry.model_validate(self._file_operation("stat", path, control))
+
+    def list_dir(self, path: str, *, control: CallControl | None = None) -> list[SandboxEntry]:
+        """The entries of a folder in the sandbox, sorted by name (a broken or looping link is no folder)."""
+        found = self._file_operation("list", path, control)
+        return [SandboxEntry.model_validate(entry) for entry in found] if isinstance(found, list) else []
+
+    def exists(self, path: str, *, control: CallControl | None = None) -> bool:
+        """Whether anything is at ``path`` in the sandbox, for the code's uid (links followed)."""
+        return self._file_operation("exists", path, control) is True
+
+    def realpath(self, path: str, *, control: CallControl | None = None) -> str:
+        """``path`` with every link resolved inside the sandbox (a missing part kept as it is)."""
+        return str(self._file_operation("realpath", path, control))
+
+    def make_dir(self, path: str, *, control: CallControl | None = None) -> None:
+        """Make a folder in the results folder or /tmp, and its parents (nothing when it is there)."""
+        self._file_operation("mkdir", path, control)
+
+    def remove(self, path: str, *, control: CallControl | None = None) -> None:
+        """Remove a file, a link (itself) or a folder with everything in it, in the results folder or /tmp."""
+        self._file_operation("remove", path, control)
+
+    def _file_operation(self, operation: Operation, path: str, control: CallControl | None) -> object:
+        """One file operation as a call of its own (the record names it ``file_<operation>``); errors as for
+        :meth:`read_bytes`."""
+
+        def work(context: ToolContext) -> Done:
+            found = sandbox_file_operation(context.sandbox, operation, path, control=control)
+            return Done(found, f"{operation} {path}")
+
+        with self._live():
+            return direct_call(
+                self.runtime.dispatcher, self.key, f"file_{operation}", {"path": path}, work, lambda: None, control
+            )
 
     def call_run_python(self, arguments: RunPythonArgs | dict[str, object]) -> RunPythonResult:
         """Run with arguments exactly as a model sent them (validated against the tool schema)."""

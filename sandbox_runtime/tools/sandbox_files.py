@@ -17,6 +17,9 @@ from __future__ import annotations
 import json
 import posixpath
 from collections.abc import Iterator
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
 
 from sandbox_runtime.control import CallControl
 from sandbox_runtime.conversations.handle import SandboxHandle
@@ -24,7 +27,7 @@ from sandbox_runtime.errors import FileTooLarge, PathOutsideResults, SandboxErro
 from sandbox_runtime.sandbox.run_protocol import FILES, PYTHON
 from sandbox_runtime.tools.command import CommandArgs, CommandResult, run_command
 
-__all__ = ["read_sandbox_file", "sandbox_path", "write_sandbox_file"]
+__all__ = ["SandboxEntry", "read_sandbox_file", "sandbox_file_operation", "sandbox_path", "write_sandbox_file"]
 
 _TMP = "/tmp"  # the sandbox's own /tmp, a tmpfs of its own
 _FAILED_EXIT = 3  # files.py's word for a refusal or an OSError, told on stderr
@@ -32,13 +35,16 @@ _REFUSALS = {"outside": PathOutsideResults, "link_out": UnsafeFileType, "not_reg
 
 
 def sandbox_path(handle: SandboxHandle, path: str, *, writing: bool) -> str:
-    """``path`` as the sandbox names it (absolute, normalised); one to write must be beneath the results folder or
-    /tmp."""
+    """``path`` as the sandbox names it: absolute (a relative one is in the results folder); one to write is
+    normalised and must be beneath the results folder or /tmp."""
     results = handle.policy.sandbox.results_mount_path.rstrip("/")
     if not path or "\x00" in path:
         raise PathOutsideResults(f"not a path: {path!r}")
-    absolute = posixpath.normpath(path if path.startswith("/") else f"{results}/{path}")
-    if writing and not any(absolute == root or absolute.startswith(root + "/") for root in _writable(handle)):
+    absolute = path if path.startswith("/") else f"{results}/{path}"
+    if not writing:
+        return absolute  # as given: its links and ``..`` are the sandbox's to resolve, in that order
+    absolute = posixpath.normpath(absolute)
+    if not any(absolute == root or absolute.startswith(root + "/") for root in _writable(handle)):
         raise PathOutsideResults(f"{path} is outside {results} and {_TMP} (the folders the sandbox's code may write)")
     return absolute
 
@@ -69,6 +75,35 @@ def write_sandbox_file(
     args = CommandArgs(argv=_files("write", where, _writable(handle)), stderr_max_bytes=64 * 1024, with_input=True)
     _raise_for(run_command(handle, args, chunks, control=control), where)
     return where
+
+
+class SandboxEntry(BaseModel):
+    """A file or folder in the sandbox, as ``stat`` sees it (links followed)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str
+    path: str = Field(description="As the sandbox names it (absolute).")
+    is_dir: bool
+    size: int | None = Field(description="Bytes of a regular file; None for anything else.")
+
+
+# what each operation looks at (``/``: anything the code's uid may read) or changes (the writable folders)
+Operation = Literal["stat", "list", "exists", "realpath", "mkdir", "remove"]
+_CHANGES: frozenset[Operation] = frozenset({"mkdir", "remove"})
+
+
+def sandbox_file_operation(
+    handle: SandboxHandle, operation: Operation, path: str, *, control: CallControl | None = None
+) -> object:
+    """One of the image's file operations at ``path`` (see ``files.py``), as the code's uid; the JSON it printed
+    (None for one that prints nothing), or its error as Python's own."""
+    changes = operation in _CHANGES
+    where = sandbox_path(handle, path, writing=changes)
+    roots = _writable(handle) if changes else ("/",)
+    result = run_command(handle, CommandArgs(argv=_files(operation, where, roots)), control=control)
+    _raise_for(result, where)
+    return json.loads(result.stdout) if result.stdout else None
 
 
 def _files(operation: str, where: str, roots: tuple[str, ...]) -> list[str]:

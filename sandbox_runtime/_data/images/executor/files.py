@@ -1,12 +1,18 @@
-"""Reading and writing one file as the code's uid, for the host's ``Conversation.read_bytes`` / ``write_bytes``.
+"""One file operation as the code's uid, for the host's file methods of a conversation (``read_bytes``,
+``write_bytes``, ``stat``, ``list_dir``, ``exists``, ``realpath``, ``make_dir``, ``remove``).
 
-Usage: python -I -S files.py read|write PATH ROOT...
+Usage: python -I -S files.py OPERATION PATH ROOT...
 
 ``read`` copies the file to stdout; ``write`` copies stdin to the file (created, or emptied first; its missing
-parent folders made). PATH is absolute. Run as the code's uid, so the sandbox's own permissions decide, as they
-would for the code. Only paths beneath a ROOT are taken (``/`` for a read; the results folder and /tmp for a
-write), after every link in them is resolved: a link that leads elsewhere is refused, and so is anything but a
-regular file (a FIFO would block, a device is not data).
+parent folders made). The others print one JSON value: ``stat`` an entry ``{"name", "path", "is_dir", "size"}``
+(links followed), ``list`` the entries of a folder (sorted; a broken or looping link is no folder), ``exists``
+true or false, ``realpath`` the path with every link resolved; ``mkdir`` makes a folder and its parents (none if it
+is there), ``remove`` removes a file, a link (itself) or a folder with everything in it.
+
+PATH is absolute. Run as the code's uid, so the sandbox's own permissions decide, as they would for the code. Only
+paths beneath a ROOT are taken (``/`` to look; the results folder and /tmp to change anything), after every link in
+them is resolved: a link that leads elsewhere is refused, and so is anything but a regular file to read or write (a
+FIFO would block, a device is not data).
 
 On success it exits 0. Otherwise it exits 3 with one JSON line on stderr: ``{"errno": N or null, "refused":
 REASON or null, "message": TEXT}``. Standard library only: this file runs inside the executor image.
@@ -15,6 +21,7 @@ REASON or null, "message": TEXT}``. Standard library only: this file runs inside
 import errno
 import json
 import os
+import shutil
 import stat
 import sys
 
@@ -71,6 +78,7 @@ def write(path, roots):
     if not name:
         _fail(errno.EISDIR, f"Is a directory: {path!r}")
     _resolved(parent, roots)  # checked before anything is made
+    _parents_are_folders(path)
     os.makedirs(parent, exist_ok=True)
     real = os.path.join(_resolved(parent, roots), name)
     if os.path.islink(real):
@@ -89,12 +97,88 @@ def write(path, roots):
     os.close(fd)
 
 
+def _parents_are_folders(path):
+    """A file where a parent folder should be is ENOTDIR, as the kernel says of a path through it."""
+    parts = path.strip("/").split("/")[:-1]
+    for depth in range(1, len(parts) + 1):
+        here = "/" + "/".join(parts[:depth])
+        if os.path.lexists(here) and not os.path.isdir(here):
+            raise NotADirectoryError(errno.ENOTDIR, "Not a directory", path)
+
+
+def _entry(path):
+    info = os.stat(path)  # links followed
+    size = info.st_size if stat.S_ISREG(info.st_mode) else None
+    return {
+        "name": os.path.basename(path.rstrip("/")) or "/",
+        "path": path,
+        "is_dir": stat.S_ISDIR(info.st_mode),
+        "size": size,
+    }
+
+
+def _listed(path, name):
+    child = os.path.join(path, name)
+    try:
+        return _entry(child)
+    except OSError:  # a broken or looping link
+        return {"name": name, "path": child, "is_dir": False, "size": None}
+
+
+def stat_of(path, roots):
+    _resolved(path, roots)
+    json.dump(_entry(path), sys.stdout)
+
+
+def listing(path, roots):
+    _resolved(path, roots)
+    names = sorted(os.listdir(path))
+    json.dump([_listed(path, name) for name in names], sys.stdout)
+
+
+def exists(path, roots):
+    json.dump(os.path.exists(path) and _beneath(os.path.realpath(path), roots), sys.stdout)
+
+
+def realpath(path, roots):
+    json.dump(os.path.realpath(path), sys.stdout)
+
+
+def make_dir(path, roots):
+    _parents_are_folders(path)
+    _resolved(path, roots)
+    if os.path.lexists(path) and not os.path.isdir(path):
+        raise FileExistsError(errno.EEXIST, "File exists", path)
+    os.makedirs(path, exist_ok=True)
+
+
+def remove(path, roots):
+    parent = os.path.dirname(path.rstrip("/")) or "/"
+    _resolved(parent, roots)
+    if os.path.islink(path) or not os.path.isdir(path):
+        os.unlink(path)
+    else:
+        shutil.rmtree(path)
+
+
+OPERATIONS = {
+    "read": read,
+    "write": write,
+    "stat": stat_of,
+    "list": listing,
+    "exists": exists,
+    "realpath": realpath,
+    "mkdir": make_dir,
+    "remove": remove,
+}
+
+
 def main(argv):
-    if len(argv) < 4 or argv[1] not in ("read", "write") or not argv[2].startswith("/"):
-        _fail(errno.EINVAL, "usage: files.py read|write /PATH ROOT...")
+    if len(argv) < 4 or argv[1] not in OPERATIONS or not argv[2].startswith("/"):
+        _fail(errno.EINVAL, f"usage: files.py {'|'.join(OPERATIONS)} /PATH ROOT...")
     roots = [os.path.realpath(root) for root in argv[3:]]
     try:
-        (read if argv[1] == "read" else write)(argv[2], roots)
+        OPERATIONS[argv[1]](argv[2], roots)
     except OSError as exc:
         _fail(exc.errno, f"{exc.strerror}: {argv[2]!r}")
 
