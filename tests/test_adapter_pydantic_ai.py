@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 
+import anyio
 import pytest
 from pydantic_ai import Agent, RunContext
 from pydantic_ai.messages import ModelMessage, ModelResponse, TextPart, ToolCallPart, ToolReturnPart
@@ -138,7 +139,8 @@ def test_an_agent_runs_a_command_and_edits_a_file_in_its_workspace(
 
     with _runtime(policy, request, tmp_path / "state") as runtime:
         workspace = SandboxRuntimeWorkspace(runtime)
-        result = agent.run_sync("go", model=FunctionModel(script), workspace=workspace)
+        # anyio.run, not run_sync: run_sync leaves its event loop open for the next call
+        result = anyio.run(lambda: agent.run("go", model=FunctionModel(script), workspace=workspace))
         assert result.output == "exit=0\nsandbox\n | edited | exit=0\ntotal = 42\n1\n"
         assert workspace.conversation_id is not None
         conversation = runtime.conversation(workspace.conversation_id)  # the same conversation, from Python
