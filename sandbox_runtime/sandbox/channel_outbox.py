@@ -109,7 +109,7 @@ class InputFeed:
     def __init__(self, nonce: str, chunks: CommandInput) -> None:
         self._nonce = nonce
         self._chunks = chunks
-        self._rest = b""
+        self._rest = memoryview(b"")  # what is left of the chunk being sent (a view: never copied whole again)
         self.ended = False
         self.error: Exception | None = None
 
@@ -118,7 +118,7 @@ class InputFeed:
         while not self.ended and outbox.input_bytes < INPUT_AHEAD_BYTES:
             if not self._rest:
                 try:
-                    self._rest = next(self._chunks)
+                    self._rest = memoryview(next(self._chunks))
                 except StopIteration:
                     self.ended = True
                     outbox.add(self._line({"end": True}), is_input=True)
