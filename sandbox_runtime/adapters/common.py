@@ -15,11 +15,15 @@ import anyio.to_thread
 
 from sandbox_runtime.api.runtime import Runtime
 from sandbox_runtime.control import CallControl
+from sandbox_runtime.errors import ConversationDeleted, EngineUnavailable, SandboxError
 from sandbox_runtime.tenancy import CONVERSATION_ID_MAX_CHARS
 
-__all__ = ["RuntimePerConfig", "conversation_id", "in_thread", "labels_of"]
+__all__ = ["SANDBOX_USER", "UNAVAILABLE", "RuntimePerConfig", "conversation_id", "in_thread", "labels_of"]
 
 T = TypeVar("T")
+SANDBOX_USER = "sandbox"  # the image's one user (images/executor/Dockerfile)
+# what says the sandbox (not the caller's command or file) cannot serve: each framework's "unavailable"
+UNAVAILABLE = (EngineUnavailable, SandboxError, ConversationDeleted)
 Config = TypeVar("Config", bound=Hashable)
 _NOT_ID = re.compile(r"[^A-Za-z0-9_-]+")
 _UNIQUE_HEX = 8

@@ -44,23 +44,25 @@ from inspect_ai.util import (
 )
 from pydantic import BaseModel, ConfigDict, Field
 
-from sandbox_runtime.adapters.common import RuntimePerConfig, conversation_id, in_thread, labels_of
+from sandbox_runtime.adapters.common import (
+    SANDBOX_USER,
+    UNAVAILABLE,
+    RuntimePerConfig,
+    conversation_id,
+    in_thread,
+    labels_of,
+)
 from sandbox_runtime.api.conversation import Conversation
 from sandbox_runtime.api.runtime import Runtime
 from sandbox_runtime.errors import (
-    ConversationDeleted,
-    EngineUnavailable,
     FileTooLarge,
-    SandboxError,
 )
 from sandbox_runtime.tools.command import CommandResult
 
 __all__ = ["SANDBOX_NAME", "SandboxRuntimeConfig", "SandboxRuntimeEnvironment"]
 
 SANDBOX_NAME = "sandbox_runtime"
-_SANDBOX_USER = "sandbox"  # the image's one user (images/executor/Dockerfile)
 _CONVERSATION_PREFIX = "inspect"
-_UNAVAILABLE = (EngineUnavailable, SandboxError, ConversationDeleted)
 
 
 class SandboxRuntimeConfig(BaseModel):
@@ -201,15 +203,15 @@ class SandboxRuntimeEnvironment(SandboxEnvironment):
 
         try:
             result = await in_thread(run)
-        except _UNAVAILABLE as exc:
+        except UNAVAILABLE as exc:
             raise SandboxUnavailableError(f"sandbox {self.conversation_id}: {exc}") from exc
         return _exec_result(cmd, result, cap)
 
     def _check_user(self, user: str | None) -> None:
         sandbox = self.conversation.runtime.policy.sandbox
-        if user not in (None, _SANDBOX_USER, str(sandbox.uid), f"{sandbox.uid}:{sandbox.gid}"):
+        if user not in (None, SANDBOX_USER, str(sandbox.uid), f"{sandbox.uid}:{sandbox.gid}"):
             raise SandboxUserUnsupportedError(
-                f"the sandbox runs everything as its one non-root user ({_SANDBOX_USER}, uid {sandbox.uid}); "
+                f"the sandbox runs everything as its one non-root user ({SANDBOX_USER}, uid {sandbox.uid}); "
                 f"it cannot run as {user!r}"
             )
 
@@ -218,7 +220,7 @@ class SandboxRuntimeEnvironment(SandboxEnvironment):
         data = contents.encode() if isinstance(contents, str) else contents
         try:
             await in_thread(lambda control: self.conversation.write_bytes(file, data, control=control))
-        except _UNAVAILABLE as exc:
+        except UNAVAILABLE as exc:
             raise SandboxUnavailableError(f"sandbox {self.conversation_id}: {exc}") from exc
 
     @overload
@@ -237,7 +239,7 @@ class SandboxRuntimeEnvironment(SandboxEnvironment):
         except FileTooLarge as exc:
             said = SandboxEnvironmentLimits.MAX_READ_FILE_SIZE_STR if limit <= ours else f"{ours} bytes"
             raise OutputLimitExceededError(said, None) from exc
-        except _UNAVAILABLE as exc:
+        except UNAVAILABLE as exc:
             raise SandboxUnavailableError(f"sandbox {self.conversation_id}: {exc}") from exc
         return data.decode("utf-8") if text else data
 

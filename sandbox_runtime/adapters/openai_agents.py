@@ -54,11 +54,10 @@ from agents.sandbox.snapshot import SnapshotBase, SnapshotSpec, resolve_snapshot
 from agents.sandbox.types import ExecResult, User
 from agents.sandbox.util.tar_utils import UnsafeTarMemberError, validate_tarfile
 
-from sandbox_runtime.adapters.common import conversation_id, in_thread
+from sandbox_runtime.adapters.common import SANDBOX_USER, UNAVAILABLE, conversation_id, in_thread
 from sandbox_runtime.api.conversation import Conversation
 from sandbox_runtime.api.runtime import Runtime
 from sandbox_runtime.control import CallControl
-from sandbox_runtime.errors import ConversationDeleted, EngineUnavailable, SandboxError
 
 __all__ = [
     "BACKEND_ID",
@@ -70,11 +69,9 @@ __all__ = [
 
 BACKEND_ID = "sandbox_runtime"
 _SDK_DEFAULT_ROOT = "/workspace"
-_SANDBOX_USER = "sandbox"
 _CONVERSATION_PREFIX = "openai-agents"
 _CHUNK_BYTES = 256 * 1024
 _SPOOL_BYTES = 8 * 1024 * 1024  # a workspace tar is kept in memory up to this, then in a temporary file
-_UNAVAILABLE = (EngineUnavailable, SandboxError, ConversationDeleted)
 T = TypeVar("T")
 
 
@@ -147,8 +144,8 @@ class SandboxRuntimeSession(BaseSandboxSession):
 
     def _check_user(self, user: str | User | None) -> None:
         name = user.name if isinstance(user, User) else user
-        if name not in (None, _SANDBOX_USER):
-            raise _refused(f"commands or files as {name!r}: it runs everything as its one user, {_SANDBOX_USER}")
+        if name not in (None, SANDBOX_USER):
+            raise _refused(f"commands or files as {name!r}: it runs everything as its one user, {SANDBOX_USER}")
 
     def _prepare_exec_command(
         self, *command: str | Path, shell: bool | list[str], user: str | User | None
@@ -161,7 +158,7 @@ class SandboxRuntimeSession(BaseSandboxSession):
         limit = timeout or self.conversation.runtime.policy.run.default_timeout_s
         try:
             done = await self._call(lambda control: self.conversation.exec(argv, timeout_s=limit, control=control))
-        except _UNAVAILABLE as exc:
+        except UNAVAILABLE as exc:
             raise ExecTransportError(command=argv, cause=exc, message=str(exc)) from exc
         if done.status == "timeout":
             raise ExecTimeoutError(command=argv, timeout_s=timeout)
@@ -177,7 +174,7 @@ class SandboxRuntimeSession(BaseSandboxSession):
             data = await self._call(lambda control: self.conversation.read_bytes(str(where), control=control))
         except FileNotFoundError as exc:
             raise WorkspaceReadNotFoundError(path=where, cause=exc) from exc
-        except (OSError, *_UNAVAILABLE) as exc:
+        except (OSError, *UNAVAILABLE) as exc:
             raise WorkspaceArchiveReadError(path=where, cause=exc) from exc
         return io.BytesIO(data)
 
@@ -187,7 +184,7 @@ class SandboxRuntimeSession(BaseSandboxSession):
         chunks = _chunks_of(data)
         try:
             await self._call(lambda control: self.conversation.write_bytes(str(where), chunks, control=control))
-        except (OSError, *_UNAVAILABLE) as exc:
+        except (OSError, *UNAVAILABLE) as exc:
             raise WorkspaceArchiveWriteError(path=where, cause=exc) from exc
 
     async def persist_workspace(self) -> io.IOBase:

@@ -36,11 +36,10 @@ from pydantic_ai.workspaces import (
     WorkspaceUnavailableError,
 )
 
-from sandbox_runtime.adapters.common import conversation_id, in_thread
+from sandbox_runtime.adapters.common import UNAVAILABLE, conversation_id, in_thread
 from sandbox_runtime.api.conversation import Conversation
 from sandbox_runtime.api.runtime import Runtime
 from sandbox_runtime.control import CallControl
-from sandbox_runtime.errors import ConversationDeleted, EngineUnavailable, SandboxError
 from sandbox_runtime.tools.command import CommandResult as RuntimeCommandResult
 from sandbox_runtime.tools.sandbox_files import SandboxEntry
 
@@ -48,7 +47,6 @@ __all__ = ["PROVIDER", "SandboxRuntimeWorkspace"]
 
 PROVIDER = "sandbox-runtime"
 _CONVERSATION_PREFIX = "pydantic-ai"
-_UNAVAILABLE = (EngineUnavailable, SandboxError, ConversationDeleted)
 T = TypeVar("T")
 
 
@@ -163,7 +161,7 @@ class SandboxRuntimeWorkspace:
         """A conversation's call in a worker thread; a sandbox or conversation that is gone is unavailable."""
         try:
             return await in_thread(call)
-        except _UNAVAILABLE as exc:
+        except UNAVAILABLE as exc:
             raise WorkspaceUnavailableError(f"workspace {self.conversation_id}: {exc}") from exc
 
 

@@ -39,7 +39,7 @@ from sandbox_runtime.telemetry.tracing import failed, span
 from sandbox_runtime.tools.run_outcome import run_outcome
 from sandbox_runtime.tools.run_upkeep import acquire_run_lock, exec_control, quota_breach, tend_sandbox
 
-__all__ = ["CommandArgs", "CommandResult", "check_command", "run_command"]
+__all__ = ["CommandArgs", "CommandResult", "check_command", "in_sandbox", "run_command"]
 
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 
@@ -107,11 +107,12 @@ def check_command(args: CommandArgs, policy: Policy) -> CommandArgs:
     return args
 
 
-def _working_dir(handle: SandboxHandle, cwd: str | None) -> str:
+def in_sandbox(handle: SandboxHandle, path: str | None) -> str:
+    """``path`` as the sandbox names it: absolute as it is, relative (or none) in the results folder."""
     results = handle.policy.sandbox.results_mount_path
-    if cwd is None or cwd == "":
+    if not path:
         return results
-    return cwd if cwd.startswith("/") else f"{results.rstrip('/')}/{cwd}"
+    return path if path.startswith("/") else f"{results.rstrip('/')}/{path}"
 
 
 def run_command(
@@ -139,7 +140,7 @@ def run_command(
             update={
                 "command_environment": dict(args.env),
                 "with_input": args.with_input,
-                "working_dir": _working_dir(handle, args.cwd),
+                "working_dir": in_sandbox(handle, args.cwd),
                 "stdout_max_bytes": args.stdout_max_bytes or cap,
                 "stderr_max_bytes": args.stderr_max_bytes or cap,
             }

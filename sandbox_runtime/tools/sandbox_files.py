@@ -25,7 +25,7 @@ from sandbox_runtime.control import CallControl
 from sandbox_runtime.conversations.handle import SandboxHandle
 from sandbox_runtime.errors import FileTooLarge, PathOutsideResults, SandboxError, UnsafeFileType
 from sandbox_runtime.sandbox.run_protocol import FILES, PYTHON
-from sandbox_runtime.tools.command import CommandArgs, CommandResult, run_command
+from sandbox_runtime.tools.command import CommandArgs, CommandResult, in_sandbox, run_command
 
 __all__ = ["SandboxEntry", "read_sandbox_file", "sandbox_file_operation", "sandbox_path", "write_sandbox_file"]
 
@@ -40,7 +40,7 @@ def sandbox_path(handle: SandboxHandle, path: str, *, writing: bool) -> str:
     results = handle.policy.sandbox.results_mount_path.rstrip("/")
     if not path or "\x00" in path:
         raise PathOutsideResults(f"not a path: {path!r}")
-    absolute = path if path.startswith("/") else f"{results}/{path}"
+    absolute = in_sandbox(handle, path)
     if not writing:
         return absolute  # as given: its links and ``..`` are the sandbox's to resolve, in that order
     absolute = posixpath.normpath(absolute)
