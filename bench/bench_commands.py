@@ -15,9 +15,9 @@ Cases, interleaved round-robin (the order flips every round), one untimed warm-u
 * ``run_python``         ``conversation.run_python("print(1)")``: the script path's own cost, for comparison
 
 Then ``--stream-mib`` MiB go through ``sha256sum`` from a generator (never held whole), the same bytes are written
-with ``write_bytes`` and read back with ``read_bytes``; the runtime process's peak RSS (``ru_maxrss``) is printed
-before and after. Every container carries ``io.sandbox-runtime.bench=<uuid>`` and is removed at the end, with the
-temporary state directory. Numbers are reported, never asserted.
+with ``write_bytes`` and read back, streamed with ``read_to`` then whole with ``read_bytes``; the runtime process's
+peak RSS (``ru_maxrss``) is printed after each. Every container carries ``io.sandbox-runtime.bench=<uuid>`` and is
+removed at the end, with the temporary state directory. Numbers are reported, never asserted.
 """
 
 from __future__ import annotations
@@ -126,6 +126,13 @@ def _stream(conversation: Conversation, total_bytes: int) -> None:
     line("write_bytes(generator)", [written], 1, "s")
     print(f"  peak RSS of this process after the streamed input: {_peak_rss_mib():.0f} MiB (nothing held whole)")
     started = time.perf_counter()
+    streamed_back = hashlib.sha256()
+    conversation.read_to("/tmp/streamed.bin", streamed_back.update)
+    streamed = time.perf_counter() - started
+    assert streamed_back.hexdigest() == expected.hexdigest()
+    line("read_to(path, sha256.update) (streamed out)", [streamed], 1, "s")
+    print(f"  peak RSS of this process after the streamed output: {_peak_rss_mib():.0f} MiB (nothing held whole)")
+    started = time.perf_counter()
     back = conversation.read_bytes("/tmp/streamed.bin")
     read = time.perf_counter() - started
     assert hashlib.sha256(back).hexdigest() == expected.hexdigest()
@@ -133,7 +140,7 @@ def _stream(conversation: Conversation, total_bytes: int) -> None:
     line("read_bytes (the whole file, returned as bytes)", [read], 1, "s")
     print(
         f"  throughput in: {mib / through:.1f} MiB/s by exec, {mib / written:.1f} MiB/s by write_bytes; "
-        f"out: {mib / read:.1f} MiB/s"
+        f"out: {mib / streamed:.1f} MiB/s by read_to, {mib / read:.1f} MiB/s by read_bytes"
     )
     print(f"  peak RSS of this process after: {_peak_rss_mib():.0f} MiB (read_bytes holds the file it returns)")
 

@@ -256,10 +256,26 @@ def python_api() -> str:
         if isinstance(getattr(sandbox_runtime, n), type) and issubclass(getattr(sandbox_runtime, n), BaseException)
     ]
     out = ["## Classes and functions", ""]
-    out += [f"::: sandbox_runtime.{name}\n" for name in names if name not in errors]
+    out += [_api_block(name, names) for name in names if name not in errors]
     out += ["## Exceptions", ""]
     out += [f"::: sandbox_runtime.{name}\n" for name in errors]
     return "\n".join(out)
+
+
+def _api_block(name: str, public: list[str]) -> str:
+    """A name's mkdocstrings block; a class with methods from a private base of the package (``Conversation``'s
+    commands and files, from ``SandboxAccess``) shows them as its own."""
+    import sandbox_runtime  # noqa: PLC0415  (imported when the site is built)
+
+    found = getattr(sandbox_runtime, name)
+    private_bases = [
+        base
+        for base in getattr(found, "__mro__", ())[1:]
+        if base.__module__.startswith("sandbox_runtime.") and base.__name__ not in public
+    ]
+    if not private_bases:
+        return f"::: sandbox_runtime.{name}\n"
+    return f"::: sandbox_runtime.{name}\n    options:\n      inherited_members: true\n"
 
 
 GENERATORS = {

@@ -12,7 +12,7 @@ import uuid
 import pytest
 
 from sandbox_runtime.api.runtime import Conversation
-from sandbox_runtime.errors import FileTooLarge, PathOutsideResults, UnsafeFileType
+from sandbox_runtime.errors import FileTooLarge, PathOutsideResults, SandboxError, UnsafeFileType
 from tests.conftest import Subject, self_checked
 
 LARGE_BYTES = 8 * 1024 * 1024
@@ -36,6 +36,34 @@ def test_bytes_written_anywhere_the_code_may_write_are_read_back_whole(subject: 
     assert conversation.read_bytes("made/on/the/way.bin") == b"newnew"
     seen = conversation.exec(["cat", "made/on/the/way.bin"])  # the code sees the same file
     assert seen.stdout == b"newnew"
+
+
+def test_a_large_file_streams_out_into_a_file_or_a_function_and_its_cap_and_a_failing_destination_hold(
+    subject: Subject,
+) -> None:
+    conversation = _conversation(subject, "stream-out")
+    large = bytes(range(256)) * (LARGE_BYTES // 256)
+    conversation.write_bytes("large.bin", large)
+    into = io.BytesIO()
+    assert conversation.read_to("large.bin", into) == LARGE_BYTES
+    assert into.getvalue() == large
+    pieces: list[bytes] = []
+    assert conversation.read_to("large.bin", pieces.append) == LARGE_BYTES
+    assert len(pieces) > 1  # given as it came, piece by piece
+    assert b"".join(pieces) == large
+    capped = io.BytesIO()
+    with pytest.raises(FileTooLarge):
+        conversation.read_to("large.bin", capped, max_bytes=1024 * 1024)
+    assert capped.getvalue() == large[: 1024 * 1024]  # exactly the cap, never more
+
+    def full(piece: bytes) -> None:
+        raise OSError(28, "No space left on device")
+
+    with pytest.raises(SandboxError, match="No space left") as failed:
+        conversation.read_to("large.bin", full)
+    assert isinstance(failed.value.__cause__, OSError)
+    assert conversation.exec(["true"]).ok  # the read was cancelled; the conversation goes on
+    assert [call.tool for call in conversation.calls()][-3:-1] == ["read_to", "read_to"]
 
 
 def test_what_the_sandbox_refuses_comes_back_as_pythons_own_error_naming_the_path(subject: Subject) -> None:

@@ -170,13 +170,17 @@ class SandboxRuntimeSession(BaseSandboxSession):
     async def read(self, path: Path | str, *, user: str | User | None = None) -> io.IOBase:
         self._check_user(user)
         where = self.normalize_path(path)
+        spool = tempfile.SpooledTemporaryFile(max_size=_SPOOL_BYTES)  # noqa: SIM115  (handed to the caller)
         try:
-            data = await self._call(lambda control: self.conversation.read_bytes(str(where), control=control))
+            await self._call(lambda control: self.conversation.read_to(str(where), spool, control=control))
         except FileNotFoundError as exc:
+            spool.close()
             raise WorkspaceReadNotFoundError(path=where, cause=exc) from exc
         except (OSError, *UNAVAILABLE) as exc:
+            spool.close()
             raise WorkspaceArchiveReadError(path=where, cause=exc) from exc
-        return io.BytesIO(data)
+        spool.seek(0)
+        return spool
 
     async def write(self, path: Path | str, data: io.IOBase, *, user: str | User | None = None) -> None:
         self._check_user(user)

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 from sandbox_runtime.control import CallControl
 from sandbox_runtime.errors import EngineLost, SandboxGone
 from sandbox_runtime.policy import Policy
-from sandbox_runtime.sandbox.backend import CommandInput, RunRequest, ScriptCalls
+from sandbox_runtime.sandbox.backend import CommandStreams, RunRequest, ScriptCalls
 from sandbox_runtime.sandbox.holds import RunLock
 from sandbox_runtime.sandbox.manager_models import Sandbox
 from sandbox_runtime.sandbox.runs import RunResult
@@ -78,22 +78,22 @@ class SandboxHandle:
         calls: ScriptCalls | None,
         *,
         what: str,
-        stdin: CommandInput | None = None,
+        streams: CommandStreams | None = None,
     ) -> tuple[Sandbox, RunResult]:
         """Run a program in the sandbox and say how it ended, as data
         (:meth:`~sandbox_runtime.sandbox.backend.SandboxBackend.run`); the sandbox it ran in comes back with it. A
         sandbox removed or stopped from outside since this process last used it (nothing ran) is replaced, and
         the program runs in the new one. An engine that went away during the run raises
         :class:`~sandbox_runtime.errors.EngineLost`, and the sandbox is never used again (``what``: the run, in
-        words, for the record; ``stdin``: a command's input, read only once the command runs)."""
+        words, for the record; ``streams``: a command's input and where its output goes)."""
         backend = self._manager.backend
         try:
             try:
-                return sandbox, backend.run(sandbox.container_id, request, control, calls, stdin)
+                return sandbox, backend.run(sandbox.container_id, request, control, calls, streams)
             except SandboxGone:
                 logger.info("sandbox of %s is gone; starting a new one", self.conversation_id)
                 sandbox = self.replace()
-                return sandbox, backend.run(sandbox.container_id, request, control, calls, stdin)
+                return sandbox, backend.run(sandbox.container_id, request, control, calls, streams)
         except EngineLost:
             self.abandon(sandbox, f"the engine went away during {what}")
             raise

@@ -19,14 +19,17 @@ it, settled with the engine's own timings, so nothing above the seam asks the en
 from __future__ import annotations
 
 import abc
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any, ClassVar, Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from sandbox_runtime.control import CallControl
 from sandbox_runtime.sandbox.runs import (
+    CommandInput,
+    CommandStreams,
     ExecResult,
+    OutputSink,
     RunEnd,
     RunnerOutput,
     RunnerVerdict,
@@ -37,6 +40,7 @@ from sandbox_runtime.sandbox.runs import (
 __all__ = [
     "BindMount",
     "CommandInput",
+    "CommandStreams",
     "ContainerInfo",
     "ContainerSpec",
     "EngineInfo",
@@ -44,6 +48,7 @@ __all__ = [
     "ExecResult",
     "HostFacts",
     "ImageBuilder",
+    "OutputSink",
     "RunEnd",
     "RunRequest",
     "RunResult",
@@ -168,9 +173,6 @@ class RunRequest(_Model):
         return self.stdout_max_bytes + HOST_CAP_MARGIN_BYTES, self.stderr_max_bytes + HOST_CAP_MARGIN_BYTES
 
 
-CommandInput = Iterator[bytes]  # a command's standard input, chunk by chunk (an empty chunk is skipped)
-
-
 class ScriptCalls(Protocol):
     """Who answers the tool calls a run makes (``sandbox_tools`` in the image): one JSON line per call, each
     answered, in order, with a JSON object the run reads back. The backend only carries the lines; the answer
@@ -288,13 +290,13 @@ class SandboxBackend(abc.ABC):
         request: RunRequest,
         control: CallControl | None = None,
         calls: ScriptCalls | None = None,
-        stdin: CommandInput | None = None,
+        streams: CommandStreams | None = None,
     ) -> RunResult:
         """Run a program (:meth:`run_program`) and say how it ended, as data: what the script did, the runner's
         verdict, and the engine's word on the end (:class:`RunEnd`: OOM kills during the run, the sandbox removed
         or ended by the OOM killer), settled with this engine's timings. Errors as for :meth:`exec`."""
         oom_before = self.oom_kill_count(container_id)
-        output = self.run_program(container_id, request, control, calls, stdin)
+        output = self.run_program(container_id, request, control, calls, streams)
         return RunResult(output.result, output.verdict, self.end_of(container_id, output, oom_before))
 
     def end_of(self, container_id: str, output: RunnerOutput, oom_before: int | None) -> RunEnd:
@@ -317,7 +319,7 @@ class SandboxBackend(abc.ABC):
         request: RunRequest,
         control: CallControl | None = None,
         calls: ScriptCalls | None = None,
-        stdin: CommandInput | None = None,
+        streams: CommandStreams | None = None,
     ) -> RunnerOutput:
         """Run a program under the in-sandbox runner (see :class:`RunRequest`), with the host's own caps and
         deadline as backstops; the errors and ``control`` are as for :meth:`exec`. Whatever channel reaches the
@@ -325,8 +327,7 @@ class SandboxBackend(abc.ABC):
 
         ``calls`` answers the tool calls the run makes (a backend whose runs cannot make any ignores it; without
         it, every call is told that none can be made). While a call is being answered, the run's time limit
-        stands still. ``stdin``: a command's input (``request.with_input``), read chunk by chunk as the command
-        takes it, never held whole."""
+        stands still. ``streams``: a command's input and where its output goes (:class:`CommandStreams`)."""
 
     def prepare_run(self, container_id: str, request: RunRequest) -> None:
         """Make the channel that runs requests like this one ready ahead of the first (a resident executor,

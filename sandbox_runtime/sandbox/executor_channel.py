@@ -29,7 +29,7 @@ import struct
 import time
 from typing import Any, Literal, NamedTuple
 
-from sandbox_runtime.sandbox.backend import CommandInput, RunRequest, ScriptCalls
+from sandbox_runtime.sandbox.backend import CommandStreams, OutputSink, RunRequest, ScriptCalls
 from sandbox_runtime.sandbox.channel_outbox import InputFeed, Outbox, OutboxBroken
 from sandbox_runtime.sandbox.exec_stream import Caller, Demux, Watch
 
@@ -80,6 +80,7 @@ class Exchange(NamedTuple):
     stop: Stop
     cancelled: bool  # the caller cancelled (the cancel was sent)
     input_error: Exception | None = None  # the command's input source raised: the run was cancelled
+    output_error: Exception | None = None  # the command's output sink raised: the run was cancelled
 
 
 class _Broken(Exception):
@@ -132,12 +133,13 @@ class Channel:
         watch: Watch,
         caller: Caller | None,
         calls: ScriptCalls | None = None,
-        stdin: CommandInput | None = None,
+        streams: CommandStreams | None = None,
     ) -> Exchange:
         """Send one run and read it through: until ``D``, the end of the stream, the host's cap or deadline, the
         sandbox's end, or a broken channel. With a caller, its cancel is sent on and its progress reported;
         ``calls`` answers the run's tool calls (the deadline moves on by the time each answer took); a command
-        that reads input gets ``stdin``'s chunks once the executor has started it (none are read before)."""
+        that reads input gets ``streams.stdin``'s chunks once the executor has started it (none are read before),
+        and ``streams.stdout`` takes its output as it comes. A source or a sink that raises cancels the run."""
         nonce = secrets.token_hex(16)
         line: dict[str, object] = {
             "op": "run",
@@ -150,9 +152,11 @@ class Channel:
         }
         if request.command:
             line.update(command=True, env=request.command_environment, stdin=request.with_input)
-        feed = InputFeed(nonce, iter(()) if stdin is None else stdin) if request.with_input else None
+        streams = streams or CommandStreams()
+        feed = InputFeed(nonce, streams.stdin or iter(())) if request.with_input else None
         caps = request.host_caps
-        state = _Reading(nonce, caps, _UNANSWERED_LINE_MAX_BYTES if calls is None else calls.line_max_bytes)
+        line_max_bytes = _UNANSWERED_LINE_MAX_BYTES if calls is None else calls.line_max_bytes
+        state = _Reading(nonce, caps, line_max_bytes, streams.stdout)
         outbox = Outbox(self._fd)
         try:
             outbox.add(json.dumps(line).encode() + b"\n")
@@ -161,7 +165,9 @@ class Channel:
         while True:
             try:
                 if not state.cancelled and (
-                    (caller is not None and caller.cancelled()) or (feed is not None and feed.error is not None)
+                    (caller is not None and caller.cancelled())
+                    or (feed is not None and feed.error is not None)
+                    or state.sink_error is not None
                 ):
                     state.cancelled = True
                     outbox.drop_input()  # a cancelled command needs no more input; the cancel goes next
@@ -246,9 +252,11 @@ class _Reading:
     """One run's frames as they arrive: its output (capped), its tool call lines, and the check of every frame
     against the nonce."""
 
-    def __init__(self, nonce: str, caps: tuple[int, int], line_max_bytes: int) -> None:
+    def __init__(self, nonce: str, caps: tuple[int, int], line_max_bytes: int, sink: OutputSink | None = None) -> None:
         self.nonce = nonce.encode()
         self.caps = caps
+        self.sink = sink  # takes stdout in place of ``out[0]``
+        self.sink_error: Exception | None = None
         self.line_max_bytes = line_max_bytes
         self._line = bytearray()
         self._line_over = False
@@ -256,6 +264,7 @@ class _Reading:
         self.started = False
         self.done: Done | None = None
         self.out = (bytearray(), bytearray())
+        self.kept = [0, 0]  # bytes of each stream kept (or given to the sink), within the cap
         self.totals = [0, 0]
         self.over_cap: Literal["stdout", "stderr"] | None = None
         self.cancelled = False
@@ -277,8 +286,12 @@ class _Reading:
         if kind in (b"O", b"E") and self.started:
             index = 0 if kind == b"O" else 1
             self.totals[index] += len(payload)
-            room = self.caps[index] - len(self.out[index])
-            self.out[index].extend(payload[: max(room, 0)])
+            kept = payload[: max(self.caps[index] - self.kept[index], 0)]
+            self.kept[index] += len(kept)
+            if index == 0 and self.sink is not None:
+                self._to_sink(self.sink, kept)
+            else:
+                self.out[index].extend(kept)
             if self.totals[index] > self.caps[index]:
                 self.over_cap = "stdout" if index == 0 else "stderr"
                 return "cap"
@@ -300,6 +313,15 @@ class _Reading:
             )
             return "done"
         raise _Broken(f"an unexpected {kind!r} frame")
+
+    def _to_sink(self, sink: OutputSink, piece: bytes) -> None:
+        """Give ``piece`` to the sink; once it raised, the rest is dropped (the run is being cancelled for it)."""
+        if self.sink_error is not None or not piece:
+            return
+        try:
+            sink(piece)
+        except Exception as exc:  # the caller's sink failed: its error goes back to the caller
+            self.sink_error = exc
 
     def _take_call_bytes(self, payload: bytes) -> None:
         """Collect call lines; one longer than ``line_max_bytes`` is dropped as it comes, its end kept as None."""
@@ -333,4 +355,5 @@ class _Reading:
             stop=stop,
             cancelled=self.cancelled,
             input_error=None if feed is None else feed.error,
+            output_error=self.sink_error,
         )

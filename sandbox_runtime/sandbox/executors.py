@@ -25,7 +25,7 @@ from typing import Any, Protocol, cast
 from sandbox_runtime.control import CallControl
 from sandbox_runtime.errors import SandboxError, SandboxGone
 from sandbox_runtime.sandbox.backend import (
-    CommandInput,
+    CommandStreams,
     ExecResult,
     RunnerOutput,
     RunnerVerdict,
@@ -83,7 +83,7 @@ class ResidentExecutors:
         request: RunRequest,
         control: CallControl | None,
         calls: ScriptCalls | None = None,
-        stdin: CommandInput | None = None,
+        streams: CommandStreams | None = None,
     ) -> RunnerOutput:
         started = time.monotonic()
         if control is not None and control.is_cancelled:
@@ -96,14 +96,14 @@ class ResidentExecutors:
             if control is not None:
                 caller = Caller(control, started, request.deadline_s, lambda: None)
             try:
-                exchange = channel.run(request, deadline, watch, caller, calls, stdin)
+                exchange = channel.run(request, deadline, watch, caller, calls, streams)
             finally:
                 self._give_back(container_id, channel)
-            if exchange.input_error is not None:  # the run was cancelled for it (or ended first)
+            failed = exchange.input_error or exchange.output_error
+            if failed is not None:  # the run was cancelled for it (or ended first)
                 self._settle(container_id, request, channel, exchange, watch, started)
-                raise SandboxError(f"the command's input could not be read: {exchange.input_error}") from (
-                    exchange.input_error
-                )
+                said = "input could not be read" if failed is exchange.input_error else "output could not be taken"
+                raise SandboxError(f"the command's {said}: {failed}") from failed
             if exchange.stop == "eof" and not exchange.started and attempt == 1:
                 self._lose(container_id)
                 logger.info("the executor of %s had ended; starting a fresh one", container_id[:12])

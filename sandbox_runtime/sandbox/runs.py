@@ -1,5 +1,6 @@
 """What a command or a run gave back across the backend seam, as data: the records tools read, and how the engine's
-word on a run's end is gathered (:func:`settle_end`, used by every backend with its own timings).
+word on a run's end is gathered (:func:`settle_end`, used by every backend with its own timings); and the streams a
+caller gives a command (:class:`CommandStreams`).
 
 A run's end has three sources, and a tool needs all three to say how it ended
 (:func:`~sandbox_runtime.tools.run_outcome.run_outcome`, a pure function of them):
@@ -17,13 +18,17 @@ A run's end has three sources, and a tool needs all three to say how it ended
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Iterator
 from typing import Literal, NamedTuple, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field
 
 __all__ = [
+    "CommandInput",
+    "CommandStreams",
     "EndSettling",
     "ExecResult",
+    "OutputSink",
     "RunEnd",
     "RunResult",
     "RunnerOutput",
@@ -31,6 +36,20 @@ __all__ = [
     "VerdictName",
     "settle_end",
 ]
+
+
+CommandInput = Iterator[bytes]  # a command's standard input, chunk by chunk (an empty chunk is skipped)
+OutputSink = Callable[[bytes], None]  # takes a command's standard output piece by piece, as it comes
+
+
+class CommandStreams(NamedTuple):
+    """A command's streams as the caller gives them: ``stdin`` (read only with the request's ``with_input``, chunk
+    by chunk as the command takes it, never held whole) and ``stdout``, a sink that takes the output as it comes
+    (up to the cap, which still holds) in place of the result's ``stdout``, then empty."""
+
+    stdin: CommandInput | None = None
+    stdout: OutputSink | None = None
+
 
 _GONE_STATES = frozenset({"removing", "dead"})
 _POLL_S = 0.02

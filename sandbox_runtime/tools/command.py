@@ -9,7 +9,7 @@ conversation. What differs:
 * the program: any in the image (a shell's 127 when there is none, 126 when it cannot be run, 128 + N when
   signal N ended it);
 * ``stdin``: the caller's bytes, streamed as the command reads them (never held whole); without it the command
-  reads nothing;
+  reads nothing; its ``stdout`` may go to the caller's sink as it comes, in place of the result's;
 * ``env``: variables laid over the sandbox's allow-listed environment for this command alone. No variable carries
   a protection (the kernel's confinement does), so any name may be set, ``PATH`` included; names must be names;
 * the output: bytes, each stream capped at ``stdout_max_bytes`` / ``stderr_max_bytes`` (at most
@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterator
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -35,6 +34,7 @@ from sandbox_runtime.errors import InvalidToolArguments
 from sandbox_runtime.models import RunStatus
 from sandbox_runtime.policy import Policy
 from sandbox_runtime.sandbox.run_protocol import run_request
+from sandbox_runtime.sandbox.runs import CommandStreams
 from sandbox_runtime.telemetry.tracing import failed, span
 from sandbox_runtime.tools.run_outcome import run_outcome
 from sandbox_runtime.tools.run_upkeep import acquire_run_lock, exec_control, quota_breach, tend_sandbox
@@ -118,13 +118,13 @@ def in_sandbox(handle: SandboxHandle, path: str | None) -> str:
 def run_command(
     handle: SandboxHandle,
     args: CommandArgs,
-    stdin: Iterator[bytes] | None = None,
+    streams: CommandStreams | None = None,
     *,
     control: CallControl | None = None,
 ) -> CommandResult:
     """Run one command in the conversation's sandbox (see the module docstring; ``args`` as the caller checked
-    them: :func:`check_command`); ``control`` cancels it and hears its progress. ``stdin`` is read only with
-    ``args.with_input``."""
+    them: :func:`check_command`); ``control`` cancels it and hears its progress. ``streams.stdin`` is read only
+    with ``args.with_input``; ``streams.stdout`` takes the output (no more than its cap) in place of the result's."""
     policy = handle.policy
     timeout_s = args.timeout_s or policy.run.default_timeout_s
     cap = policy.run.command_output_max_bytes
@@ -151,7 +151,7 @@ def run_command(
                 request,
                 exec_control(control, timeout_s),
                 None,
-                stdin=stdin if args.with_input else None,
+                streams=_capped(streams, request.stdout_max_bytes, args.with_input),
                 what=f"command {run_number}",
             )
             outcome = run_outcome(policy, result, verdict, end)
@@ -173,3 +173,23 @@ def run_command(
         duration_s=result.duration_s,
         run_number=run_number,
     )
+
+
+def _capped(streams: CommandStreams | None, cap: int, with_input: bool) -> CommandStreams | None:
+    """The streams as the channel takes them: the input only for a command that reads it, the sink given no more
+    than ``cap`` bytes (the channel's own cap, a backstop, is a little larger)."""
+    if streams is None:
+        return None
+    sink = streams.stdout
+    if sink is None:
+        return CommandStreams(streams.stdin if with_input else None)
+    given = 0
+
+    def take(piece: bytes) -> None:
+        nonlocal given
+        piece = piece[: cap - given]
+        given += len(piece)
+        if piece:
+            sink(piece)
+
+    return CommandStreams(streams.stdin if with_input else None, take)

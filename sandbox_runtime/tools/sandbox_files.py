@@ -25,9 +25,17 @@ from sandbox_runtime.control import CallControl
 from sandbox_runtime.conversations.handle import SandboxHandle
 from sandbox_runtime.errors import FileTooLarge, PathOutsideResults, SandboxError, UnsafeFileType
 from sandbox_runtime.sandbox.run_protocol import FILES, PYTHON
+from sandbox_runtime.sandbox.runs import CommandStreams, OutputSink
 from sandbox_runtime.tools.command import CommandArgs, CommandResult, in_sandbox, run_command
 
-__all__ = ["SandboxEntry", "read_sandbox_file", "sandbox_file_operation", "sandbox_path", "write_sandbox_file"]
+__all__ = [
+    "SandboxEntry",
+    "read_sandbox_file",
+    "sandbox_file_operation",
+    "sandbox_path",
+    "stream_sandbox_file",
+    "write_sandbox_file",
+]
 
 _TMP = "/tmp"  # the sandbox's own /tmp, a tmpfs of its own
 _FAILED_EXIT = 3  # files.py's word for a refusal or an OSError, told on stderr
@@ -57,13 +65,28 @@ def read_sandbox_file(
     handle: SandboxHandle, path: str, *, max_bytes: int, control: CallControl | None = None
 ) -> tuple[str, bytes]:
     """The sandbox path and the bytes of the file at ``path``, read as the code's uid (at most ``max_bytes``)."""
+    where, result = _read(handle, path, max_bytes, None, control)
+    return where, result.stdout
+
+
+def stream_sandbox_file(
+    handle: SandboxHandle, path: str, sink: OutputSink, *, max_bytes: int, control: CallControl | None = None
+) -> str:
+    """Give the bytes of the file at ``path`` to ``sink`` as they come (never held whole), read as the code's uid;
+    its sandbox path. A file over ``max_bytes`` raises FileTooLarge once the sink has taken that many bytes."""
+    return _read(handle, path, max_bytes, sink, control)[0]
+
+
+def _read(
+    handle: SandboxHandle, path: str, max_bytes: int, sink: OutputSink | None, control: CallControl | None
+) -> tuple[str, CommandResult]:
     where = sandbox_path(handle, path, writing=False)
     args = CommandArgs(argv=_files("read", where, ("/",)), stdout_max_bytes=max_bytes, stderr_max_bytes=64 * 1024)
-    result = run_command(handle, args, control=control)
+    result = run_command(handle, args, CommandStreams(stdout=sink), control=control)
     if result.status == "output_limit":
         raise FileTooLarge(f"{where} is larger than {max_bytes} bytes, the cap of this read")
     _raise_for(result, where)
-    return where, result.stdout
+    return where, result
 
 
 def write_sandbox_file(
@@ -73,7 +96,7 @@ def write_sandbox_file(
     sandbox path."""
     where = sandbox_path(handle, path, writing=True)
     args = CommandArgs(argv=_files("write", where, _writable(handle)), stderr_max_bytes=64 * 1024, with_input=True)
-    _raise_for(run_command(handle, args, chunks, control=control), where)
+    _raise_for(run_command(handle, args, CommandStreams(chunks), control=control), where)
     return where
 
 

@@ -24,7 +24,7 @@ from docker.utils import kwargs_from_env
 from sandbox_runtime.control import CallControl
 from sandbox_runtime.errors import EngineLost, EngineUnavailable, ImageError, SandboxError, SandboxGone
 from sandbox_runtime.sandbox.backend import (
-    CommandInput,
+    CommandStreams,
     ContainerInfo,
     ContainerSpec,
     EngineInfo,
@@ -288,9 +288,9 @@ class DockerBackend(SandboxBackend, ImageBuilder):
         request: RunRequest,
         control: CallControl | None = None,
         calls: ScriptCalls | None = None,
-        stdin: CommandInput | None = None,
+        streams: CommandStreams | None = None,
     ) -> RunnerOutput:
-        return self._executors.run(container_id, request, control, calls, stdin)
+        return self._executors.run(container_id, request, control, calls, streams)
 
     def prepare_run(self, container_id: str, request: RunRequest) -> None:
         self._executors.preload(container_id, request)

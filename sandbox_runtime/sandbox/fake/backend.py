@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from sandbox_runtime.control import CallControl
 from sandbox_runtime.errors import SandboxError, SandboxGone
 from sandbox_runtime.sandbox.backend import (
-    CommandInput,
+    CommandStreams,
     ContainerInfo,
     ContainerSpec,
     EngineInfo,
@@ -231,9 +231,9 @@ class FakeBackend(SandboxBackend):
         request: RunRequest,
         control: CallControl | None = None,
         calls: ScriptCalls | None = None,
-        stdin: CommandInput | None = None,
+        streams: CommandStreams | None = None,
     ) -> RunnerOutput:
-        return self._executors.run(container_id, self._on_host(container_id, request), control, calls, stdin)
+        return self._executors.run(container_id, self._on_host(container_id, request), control, calls, streams)
 
     def prepare_run(self, container_id: str, request: RunRequest) -> None:
         self._executors.preload(container_id, self._on_host(container_id, request))
