@@ -133,12 +133,20 @@ def test_each_command_is_a_call_in_the_record_with_its_variables_names_only(subj
     assert "secret-value" not in audited[0].detail
 
 
-def test_a_login_shell_runs_the_images_python_with_its_libraries(subject: Subject) -> None:
+def test_a_login_shell_runs_the_images_python_with_its_libraries_and_ps_and_pkill_are_there(
+    subject: Subject,
+) -> None:
     subject.enforces("filesystem")  # the image's own files: the fake backend runs on this host's
     conversation = _conversation(subject, "login")
     script = b"import openpyxl, docx, pptx, sys; print(sys.executable)"
     for shell in (["bash", "--login", "-c", "python3 -"], ["sh", "-lc", "python3 -"]):
         assert _ok(conversation.exec(shell, stdin=script)).stdout == b"/opt/venv/bin/python3\n", shell
+    # procps, as an agent's shell reaches for it: ps lists the sandbox's processes (none of the host's), pkill ends one
+    shell_text = 'sleep 60 & ps -o pid= --ppid $$ | grep -qx " *$!" && echo listed; pkill -P $$; wait $!; echo ended $?'
+    assert _ok(conversation.exec(["sh", "-c", shell_text])).stdout == b"listed\nended 143\n"
+    names = _ok(conversation.exec(["ps", "-e", "-o", "comm="])).stdout.decode().split()
+    assert "ps" in names
+    assert "dockerd" not in names
 
 
 # Containment ----------------------------------------------------------------------------------------------------

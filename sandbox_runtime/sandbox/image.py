@@ -2,9 +2,14 @@
 
 Two ways, picked automatically (``source="auto"``):
 
-* ``registry``: ``FROM python:3.11-slim`` when that image is present locally or a registry answers;
+* ``registry``: ``FROM python:3.11-slim-bookworm`` when that image is present locally or a registry answers, and
+  the machine's own apt (a Debian bookworm host) downloads the system packages the image adds;
 * ``offline``: a Debian bookworm root filesystem made with ``debootstrap`` (from the machine's own Debian
-  mirror), imported with ``docker import``.
+  mirror) with those packages, imported with ``docker import``.
+
+Either way the image has the same system packages (``procps``: ``ps``, ``pkill``, ``pgrep``, ``top``, what
+agents and the frameworks' shell tools reach for; no set-uid file, no protection lost: the code reads its own
+``/proc`` anyway), checked in the build.
 
 Either way the Python packages come from a wheelhouse downloaded on the host (pinned in
 ``images/executor/requirements.txt``) and the build runs with ``--network none``. The tag is a hash of the
@@ -33,6 +38,7 @@ from sandbox_runtime.sandbox.backend import ImageBuilder, ProgressCallback
 
 __all__ = [
     "IMAGE_REPOSITORY",
+    "SYSTEM_PACKAGES",
     "ImageBuildReport",
     "build_executor_image",
     "default_cache_dir",
@@ -43,10 +49,11 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 IMAGE_REPOSITORY = "sandbox-runtime-executor"
-SLIM_BASE = "python:3.11-slim"
+SLIM_BASE = "python:3.11-slim-bookworm"
 _REGISTRY_HOST = "registry-1.docker.io"
 _DEBIAN_SUITE = "bookworm"
-_DEBOOTSTRAP_PACKAGES = "python3,python3-venv,passwd"
+SYSTEM_PACKAGES = ("procps", "libproc2-0")  # added to either base (libproc2-0: procps's library, not in the slim one)
+_DEBOOTSTRAP_PACKAGES = ",".join(("python3", "python3-venv", "passwd", *SYSTEM_PACKAGES))
 _MANYLINUX_TAGS = ("manylinux2014", "manylinux_2_17", "manylinux_2_28")
 _IMAGE_FILES = (
     "Dockerfile",
@@ -82,7 +89,7 @@ def _image_dir() -> Path:
 
 def executor_image_tag() -> str:
     """``sandbox-runtime-executor:<16 hex>``, a hash of everything that goes into the image."""
-    digest = hashlib.sha256()
+    digest = hashlib.sha256(f"{_DEBIAN_SUITE}|{_DEBOOTSTRAP_PACKAGES}\0".encode())
     folder = _image_dir()
     for name in _IMAGE_FILES:
         digest.update(name.encode() + b"\0" + (folder / name).read_bytes() + b"\0")
@@ -204,6 +211,36 @@ def _make_rootfs(cache_dir: Path, packed: Path, mirror: str | None, progress: Pr
         tar_path.replace(packed)
 
 
+def _system_debs(cache_dir: Path, progress: ProgressCallback) -> list[Path] | None:
+    """The system packages' ``.deb`` files for the slim base, downloaded by this machine's apt; None when this is no
+    Debian bookworm host with apt (the offline base is built instead)."""
+    try:
+        release = Path("/etc/os-release").read_text()
+    except OSError:
+        return None
+    if f"VERSION_CODENAME={_DEBIAN_SUITE}" not in release.split() or shutil.which("apt-get") is None:
+        return None
+    folder = cache_dir / "debs" / hashlib.sha256(_DEBOOTSTRAP_PACKAGES.encode()).hexdigest()[:12]
+    folder.mkdir(parents=True, exist_ok=True)
+    found = sorted(folder.glob("*.deb"))
+    if len(found) == len(SYSTEM_PACKAGES):
+        return found
+    progress(f"downloading {', '.join(SYSTEM_PACKAGES)} with apt")
+    try:
+        subprocess.run(
+            ["apt-get", "download", *SYSTEM_PACKAGES],
+            cwd=folder,
+            check=True,
+            capture_output=True,
+            timeout=_SUBPROCESS_TIMEOUT_S,
+        )
+    except (OSError, subprocess.SubprocessError) as exc:
+        logger.info("apt-get download failed: %s", exc)
+        return None
+    found = sorted(folder.glob("*.deb"))
+    return found if len(found) == len(SYSTEM_PACKAGES) else None
+
+
 def _registry_answers() -> bool:
     try:
         socket.getaddrinfo(_REGISTRY_HOST, 443, proto=socket.IPPROTO_TCP)
@@ -245,6 +282,12 @@ def build_executor_image(
         return ImageBuildReport(tag=tag, source="existing", base_image=None, built=False)
     cache = cache_dir or default_cache_dir()
     base = None if source == "offline" else _registry_base(backend, source, progress)
+    debs = None if base is None else _system_debs(cache, progress)
+    if base is not None and debs is None:
+        if source == "registry":
+            raise ImageError(f"the {SLIM_BASE} build needs {', '.join(SYSTEM_PACKAGES)} from a Debian bookworm apt")
+        progress("the system packages cannot be downloaded here: building offline")
+        base = None
     chosen: Literal["registry", "offline"] = "registry" if base else "offline"
     if base is None:
         base = _offline_base(backend, cache, progress)
@@ -253,6 +296,9 @@ def build_executor_image(
         for name in _IMAGE_FILES:
             shutil.copy2(_image_dir() / name, Path(context) / name)
         shutil.copytree(wheels, Path(context) / "wheels", ignore=shutil.ignore_patterns(".complete"))
+        (Path(context) / "debs").mkdir()  # empty for the offline base, which has the packages already
+        for deb in debs or []:
+            shutil.copy2(deb, Path(context) / "debs" / deb.name)
         progress(f"building {tag} from {base} with no network")
         backend.build_image(
             context,
