@@ -34,7 +34,6 @@ import urllib.request
 from typing import Any
 
 import anyio.to_thread
-import jwt
 from mcp.server.auth.middleware.bearer_auth import AuthenticatedUser
 from mcp.server.auth.provider import AccessToken
 from mcp.server.context import ServerRequestContext
@@ -243,6 +242,8 @@ class JwtVerifier:
         policy = self._policy
         if len(token.encode("utf-8", "surrogatepass")) > policy.token_max_bytes:
             raise TokenRefused(f"the token is longer than {policy.token_max_bytes} bytes")
+        import jwt  # noqa: PLC0415  (PyJWT with cryptography: ~0.2 s at start, needed only with [mcp.auth])
+
         try:
             header = jwt.get_unverified_header(token)
         except jwt.PyJWTError as exc:
@@ -256,6 +257,8 @@ class JwtVerifier:
 
     def _verified(self, token: str, alg: str, kid: str | None, candidates: list[dict[str, Any]]) -> TenantAccessToken:
         """The token checked with the first of the ``candidates`` keys for its header."""
+        import jwt  # noqa: PLC0415  (as in _header: loaded by the first token)
+
         policy = self._policy
         if not candidates:
             named = f" (kid {kid[:64]!r})" if kid else ""
