@@ -227,27 +227,18 @@ def main() -> None:
     pooled_policy = policy.model_copy(update={"pool": policy.pool.model_copy(update={"ready_count": opts.pool})})
     image = executor_image_tag()
     labels = {BENCH_LABEL: label}
-    runtimes = [
+    runtimes = [  # without a pool (cold starts, bursts), and keeping --pool sandboxes ready
         Runtime(
-            folders[0],
-            policy,
+            folder,
+            chosen,
             image=image,
             extra_labels=labels,
             sweep_on_start=False,
             reap_interval_s=None,
             retention_interval_s=None,
-            warm_pool=False,
-        ),
-        Runtime(
-            folders[1],
-            pooled_policy,
-            image=image,
-            extra_labels=labels,
-            sweep_on_start=False,
-            reap_interval_s=None,
-            retention_interval_s=None,
-            warm_pool=True,
-        ),
+            warm_pool=pooled,
+        )
+        for folder, chosen, pooled in ((folders[0], policy, False), (folders[1], pooled_policy, True))
     ]
     started = time.monotonic()
     try:
