@@ -30,12 +30,12 @@ reachable over MCP and from Python, its files shared with the model's ``run_pyth
 from __future__ import annotations
 
 import io
+import shutil
 import tarfile
 import tempfile
 import uuid
-from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, Literal, TypeVar
+from typing import Literal
 
 from agents.sandbox import Manifest
 from agents.sandbox.entries import GitRepo
@@ -70,9 +70,7 @@ __all__ = [
 BACKEND_ID = "sandbox_runtime"
 _SDK_DEFAULT_ROOT = "/workspace"
 _CONVERSATION_PREFIX = "openai-agents"
-_CHUNK_BYTES = 256 * 1024
 _SPOOL_BYTES = 8 * 1024 * 1024  # a workspace tar is kept in memory up to this, then in a temporary file
-T = TypeVar("T")
 
 
 class SandboxRuntimeClientOptions(BaseSandboxClientOptions):
@@ -126,11 +124,8 @@ class SandboxRuntimeSession(BaseSandboxSession):
     def conversation_id(self) -> str:
         return self.conversation.id
 
-    async def _call(self, call: Callable[[CallControl], T]) -> T:
-        return await in_thread(call)
-
     async def _ensure_backend_started(self) -> None:
-        await self._call(lambda _control: self.conversation.sandbox())
+        await in_thread(lambda _control: self.conversation.sandbox())
         self._started = True
 
     async def _shutdown_backend(self) -> None:
@@ -157,7 +152,7 @@ class SandboxRuntimeSession(BaseSandboxSession):
         argv = [str(word) for word in command]
         limit = timeout or self.conversation.runtime.policy.run.default_timeout_s
         try:
-            done = await self._call(lambda control: self.conversation.exec(argv, timeout_s=limit, control=control))
+            done = await in_thread(lambda control: self.conversation.exec(argv, timeout_s=limit, control=control))
         except UNAVAILABLE as exc:
             raise ExecTransportError(command=argv, cause=exc, message=str(exc)) from exc
         if done.status == "timeout":
@@ -172,7 +167,7 @@ class SandboxRuntimeSession(BaseSandboxSession):
         where = self.normalize_path(path)
         spool = tempfile.SpooledTemporaryFile(max_size=_SPOOL_BYTES)  # noqa: SIM115  (handed to the caller)
         try:
-            await self._call(lambda control: self.conversation.read_to(str(where), spool, control=control))
+            await in_thread(lambda control: self.conversation.read_to(str(where), spool, control=control))
         except FileNotFoundError as exc:
             spool.close()
             raise WorkspaceReadNotFoundError(path=where, cause=exc) from exc
@@ -185,9 +180,8 @@ class SandboxRuntimeSession(BaseSandboxSession):
     async def write(self, path: Path | str, data: io.IOBase, *, user: str | User | None = None) -> None:
         self._check_user(user)
         where = self.normalize_path(path, for_write=True)
-        chunks = _chunks_of(data)
         try:
-            await self._call(lambda control: self.conversation.write_bytes(str(where), chunks, control=control))
+            await in_thread(lambda control: self.conversation.write_bytes(str(where), data, control=control))
         except (OSError, *UNAVAILABLE) as exc:
             raise WorkspaceArchiveWriteError(path=where, cause=exc) from exc
 
@@ -201,7 +195,7 @@ class SandboxRuntimeSession(BaseSandboxSession):
             with tarfile.open(fileobj=spool, mode="w") as archive:
                 archive.add(folder, arcname=".", filter=_portable)
 
-        await self._call(pack)
+        await in_thread(pack)
         spool.seek(0)
         return spool
 
@@ -211,8 +205,7 @@ class SandboxRuntimeSession(BaseSandboxSession):
         root = Path(self.state.manifest.root)
         spool = tempfile.SpooledTemporaryFile(max_size=_SPOOL_BYTES)  # noqa: SIM115  (closed below)
         with spool:
-            for chunk in _chunks_of(data):
-                spool.write(chunk)
+            shutil.copyfileobj(data, spool)
             spool.seek(0)
             try:
                 with tarfile.open(fileobj=spool, mode="r:*") as archive:
@@ -224,9 +217,7 @@ class SandboxRuntimeSession(BaseSandboxSession):
                 raise WorkspaceArchiveWriteError(path=root, cause=exc) from exc
             spool.seek(0)
             argv = ["tar", "-x", "--no-same-owner", "--no-same-permissions", "-f", "-", "-C", str(root)]
-            done = await self._call(
-                lambda control: self.conversation.exec(argv, stdin=_chunks_of(spool), control=control)
-            )
+            done = await in_thread(lambda control: self.conversation.exec(argv, stdin=spool, control=control))
         if not done.ok:
             said = done.stderr.decode(errors="replace")[-500:]
             raise WorkspaceArchiveWriteError(path=root, context={"exit_code": done.exit_code, "stderr": said})
@@ -240,14 +231,6 @@ def _portable(member: tarfile.TarInfo) -> tarfile.TarInfo | None:
     member.uid = member.gid = 0
     member.uname = member.gname = ""
     return member
-
-
-def _chunks_of(stream: Any) -> Iterator[bytes]:
-    while True:
-        chunk = stream.read(_CHUNK_BYTES)
-        if not chunk:
-            return
-        yield bytes(chunk)
 
 
 class SandboxRuntimeSandboxClient(BaseSandboxClient[SandboxRuntimeClientOptions]):

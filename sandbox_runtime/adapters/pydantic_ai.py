@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import posixpath
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, TypeVar
+from typing import TypeVar
 
 import anyio
 from pydantic_ai.workspaces import (
@@ -107,7 +107,7 @@ class SandboxRuntimeWorkspace:
         policy = self.runtime.policy
         limit = policy.run.max_timeout_s if timeout is None else timeout
 
-        def run(control: Any) -> RuntimeCommandResult:
+        def run(control: CallControl) -> RuntimeCommandResult:
             return conversation.exec(argv, env=dict(env or {}), timeout_s=limit, control=control)
 
         done = await self._call(run)

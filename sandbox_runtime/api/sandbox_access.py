@@ -6,8 +6,8 @@ record, done as the code's uid (see :mod:`~sandbox_runtime.tools.command` and
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Protocol
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Protocol
 
 from sandbox_runtime.api.command_input import CommandStdin, input_chunks
 from sandbox_runtime.control import CallControl
@@ -22,7 +22,6 @@ from sandbox_runtime.tools.sandbox_files import (
     SandboxEntry,
     read_sandbox_file,
     sandbox_file_operation,
-    stream_sandbox_file,
     write_sandbox_file,
 )
 
@@ -85,11 +84,8 @@ class SandboxAccess:
             summary = f"{result.status}, exit code {result.exit_code}, {len(result.stdout)}+{len(result.stderr)} bytes"
             return Done(result, summary, _COMMAND_FAILURES.get(result.status))
 
-        with self._live():
-            result: CommandResult = direct_call(
-                self.runtime.dispatcher, self.key, "exec", recorded, work, _not_run, control
-            )
-            return result
+        result: CommandResult = self._direct("exec", recorded, work, _not_run, control)
+        return result
 
     def read_bytes(self, path: str, *, max_bytes: int | None = None, control: CallControl | None = None) -> bytes:
         """The bytes of a file in the sandbox (any the code's uid may read; relative: in the results folder), read
@@ -97,17 +93,9 @@ class SandboxAccess:
         Python's own (``FileNotFoundError``, ``PermissionError``, ``IsADirectoryError``, ``NotADirectoryError``)
         with the sandbox path, or a :class:`~sandbox_runtime.errors.PathRejected` for a FIFO, socket or device or
         a file over the cap (see :mod:`~sandbox_runtime.tools.sandbox_files`)."""
-        cap = self._read_cap(max_bytes)
-
-        def work(context: ToolContext) -> Done:
-            where, data = read_sandbox_file(context.sandbox, path, max_bytes=cap, control=control)
-            return Done(data, f"read {where}: {len(data)} bytes")
-
-        with self._live():
-            data: bytes = direct_call(
-                self.runtime.dispatcher, self.key, "read_bytes", {"path": path}, work, bytes, control
-            )
-            return data
+        data = bytearray()
+        self._read("read_bytes", path, data.extend, max_bytes, control)
+        return bytes(data)
 
     def read_to(
         self,
@@ -122,8 +110,16 @@ class SandboxAccess:
         :meth:`read_bytes`, with the same cap: over it, ``FileTooLarge`` once ``destination`` has taken
         ``max_bytes`` bytes. A ``destination`` that raises cancels the read
         (:class:`~sandbox_runtime.errors.SandboxError`, from its error)."""
-        cap = self._read_cap(max_bytes)
         write = destination if callable(destination) else destination.write
+        return self._read("read_to", path, write, max_bytes, control)
+
+    def _read(
+        self, tool: str, path: str, write: Callable[[bytes], object], max_bytes: int | None, control: CallControl | None
+    ) -> int:
+        """The file at ``path`` given to ``write`` as it is read, as the call ``tool``; the bytes it took."""
+        cap = self.runtime.policy.store.read_max_bytes
+        if max_bytes is not None and not 0 < max_bytes <= cap:
+            raise InvalidToolArguments(f"{tool}: max_bytes is between 1 and read_max_bytes={cap}")
         taken = 0
 
         def sink(piece: bytes) -> None:
@@ -132,18 +128,11 @@ class SandboxAccess:
             taken += len(piece)
 
         def work(context: ToolContext) -> Done:
-            where = stream_sandbox_file(context.sandbox, path, sink, max_bytes=cap, control=control)
+            where = read_sandbox_file(context.sandbox, path, sink, max_bytes=max_bytes or cap, control=control)
             return Done(taken, f"read {where}: {taken} bytes")
 
-        with self._live():
-            read: int = direct_call(self.runtime.dispatcher, self.key, "read_to", {"path": path}, work, int, control)
-            return read
-
-    def _read_cap(self, max_bytes: int | None) -> int:
-        cap = self.runtime.policy.store.read_max_bytes
-        if max_bytes is not None and not 0 < max_bytes <= cap:
-            raise InvalidToolArguments(f"read: max_bytes is between 1 and read_max_bytes={cap}")
-        return max_bytes or cap
+        read: int = self._direct(tool, {"path": path}, work, int, control)
+        return read
 
     def write_bytes(self, path: str, data: CommandStdin, *, control: CallControl | None = None) -> str:
         """Write ``data`` (bytes, a binary file or byte chunks, streamed) to a file in the results folder or /tmp as
@@ -156,11 +145,8 @@ class SandboxAccess:
             where = write_sandbox_file(context.sandbox, path, chunks, control=control)
             return Done(where, f"wrote {where}")
 
-        with self._live():
-            where: str = direct_call(
-                self.runtime.dispatcher, self.key, "write_bytes", {"path": path}, work, str, control
-            )
-            return where
+        where: str = self._direct("write_bytes", {"path": path}, work, str, control)
+        return where
 
     def stat(self, path: str, *, control: CallControl | None = None) -> SandboxEntry:
         """The file or folder at ``path`` in the sandbox (links followed), as the code's uid sees it."""
@@ -195,10 +181,20 @@ class SandboxAccess:
             found = sandbox_file_operation(context.sandbox, operation, path, control=control)
             return Done(found, f"{operation} {path}")
 
+        return self._direct(f"file_{operation}", {"path": path}, work, lambda: None, control)
+
+    def _direct(
+        self,
+        tool: str,
+        recorded: dict[str, Any],
+        work: Callable[[ToolContext], Done],
+        not_run: Callable[[], object],
+        control: CallControl | None,
+    ) -> Any:
+        """``work`` as a call of the conversation's own (see :func:`~sandbox_runtime.pipeline.direct.direct_call`),
+        once the conversation is known to live."""
         with self._live():
-            return direct_call(
-                self.runtime.dispatcher, self.key, f"file_{operation}", {"path": path}, work, lambda: None, control
-            )
+            return direct_call(self.runtime.dispatcher, self.key, tool, recorded, work, not_run, control)
 
 
 # a command that exited (0 or not) did what was asked; the runtime ending it is the call's failure

@@ -33,7 +33,6 @@ __all__ = [
     "read_sandbox_file",
     "sandbox_file_operation",
     "sandbox_path",
-    "stream_sandbox_file",
     "write_sandbox_file",
 ]
 
@@ -62,31 +61,17 @@ def _writable(handle: SandboxHandle) -> tuple[str, str]:
 
 
 def read_sandbox_file(
-    handle: SandboxHandle, path: str, *, max_bytes: int, control: CallControl | None = None
-) -> tuple[str, bytes]:
-    """The sandbox path and the bytes of the file at ``path``, read as the code's uid (at most ``max_bytes``)."""
-    where, result = _read(handle, path, max_bytes, None, control)
-    return where, result.stdout
-
-
-def stream_sandbox_file(
     handle: SandboxHandle, path: str, sink: OutputSink, *, max_bytes: int, control: CallControl | None = None
 ) -> str:
     """Give the bytes of the file at ``path`` to ``sink`` as they come (never held whole), read as the code's uid;
     its sandbox path. A file over ``max_bytes`` raises FileTooLarge once the sink has taken that many bytes."""
-    return _read(handle, path, max_bytes, sink, control)[0]
-
-
-def _read(
-    handle: SandboxHandle, path: str, max_bytes: int, sink: OutputSink | None, control: CallControl | None
-) -> tuple[str, CommandResult]:
     where = sandbox_path(handle, path, writing=False)
     args = CommandArgs(argv=_files("read", where, ("/",)), stdout_max_bytes=max_bytes, stderr_max_bytes=64 * 1024)
     result = run_command(handle, args, CommandStreams(stdout=sink), control=control)
     if result.status == "output_limit":
         raise FileTooLarge(f"{where} is larger than {max_bytes} bytes, the cap of this read")
     _raise_for(result, where)
-    return where, result
+    return where
 
 
 def write_sandbox_file(
