@@ -65,6 +65,21 @@ def test_doctor_json_is_machine_readable(tmp_path: Path, executor_image: str) ->
     assert report["engine"]["engine_version"]
 
 
+def test_doctor_on_podman_names_the_service_its_version_runtime_and_the_api_it_speaks(
+    tmp_path: Path, podman_image: str
+) -> None:
+    done = cli("--policy", "podman", "--state-dir", str(tmp_path), "doctor", "--json")
+    assert done.returncode == 0, done.stderr
+    engine = json.loads(done.stdout)["engine"]
+    said = json.loads(subprocess.run(["podman", "info", "--format", "json"], capture_output=True, check=True).stdout)
+    runtime = said["host"]["ociRuntime"]
+    assert (engine["product"], engine["engine_version"]) == ("Podman", said["version"]["Version"])
+    assert engine["runtimes"] == [engine["default_runtime"]] == [runtime["name"]]
+    assert engine[f"{runtime['name']}_version"] == runtime["version"].splitlines()[0]
+    assert engine["api_version"].startswith("1.")  # the Docker-compatible API the client speaks
+    assert any(option.startswith("name=seccomp") for option in engine["security_options"])
+
+
 def test_image_build_does_nothing_when_nothing_changed(executor_image: str) -> None:
     done = cli("image", "build")
     assert done.returncode == 0, done.stderr

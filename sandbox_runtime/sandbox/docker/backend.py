@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 import docker
+import docker.constants
 import docker.errors
 import requests.exceptions
 from docker.types import LogConfig, Ulimit
@@ -97,6 +98,20 @@ def _mapped(
         raise EngineUnavailable(f"{action}: cannot reach {words.name} ({exc}); {words.start_hint}") from exc
 
 
+def _client(options: Mapping[str, Any], timeout_s: float) -> docker.DockerClient:
+    """A client speaking the API version the engine's ``/_ping`` answer names, as the docker CLI negotiates it
+    (docker-py's own ``version="auto"`` asks ``/version``, which Podman answers in a third of a second because it
+    looks up its components' packages every time: most of what a runtime on Podman took to start). An answer that
+    names no version leaves the choice to docker-py."""
+    probe = docker.APIClient(**options, version=docker.constants.MINIMUM_DOCKER_API_VERSION, timeout=int(timeout_s))
+    try:
+        answer = probe.get(f"{probe.base_url}/_ping", timeout=timeout_s)
+    finally:
+        probe.close()
+    version = answer.headers.get("Api-Version") if answer.ok else None
+    return docker.DockerClient(**options, version=version or "auto", timeout=int(timeout_s))
+
+
 class DockerBackend(SandboxBackend, ImageBuilder):
     """Talks to a Docker engine through docker-py (``DOCKER_HOST`` and friends are honoured); builds the
     executor image there too."""
@@ -115,7 +130,7 @@ class DockerBackend(SandboxBackend, ImageBuilder):
         self._knock_timeout_s = timeout_s
         with _mapped("connect", EngineUnavailable, words=self.words):
             knock(self._base_url, timeout_s)
-            self._client = docker.DockerClient(**options, timeout=int(timeout_s))
+            self._client = _client(options, timeout_s)
         self._api = self._client.api
         self._execs = Execs(self, self.words.name)
         self._executors = ResidentExecutors(self._execs)
