@@ -212,10 +212,18 @@ def _delete_everything(runtime: Runtime) -> None:
 
 
 @pytest.fixture
-def fake_runtime_factory(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RuntimeFactory]:
+def fake_backend() -> FakeBackend:
+    """The fake backend of a test: every runtime ``fake_runtime_factory`` makes uses it."""
+    return FakeBackend()
+
+
+@pytest.fixture
+def fake_runtime_factory(
+    fake_backend: FakeBackend, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[RuntimeFactory]:
     """Make runtimes on the fake backend (no engine; one backend for the test, so a second runtime re-attaches
     what the first started); every conversation they made is deleted afterwards."""
-    backend = FakeBackend()
+    backend = fake_backend
     made: list[Runtime] = []
 
     def make(policy: Policy | str = "default", state_dir: Path | None = None, **kwargs: Any) -> Runtime:
@@ -346,16 +354,17 @@ def make_subject(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPa
     """The subject ``request.param`` names: a backend, and the store its state is on (``@postgresql``: a database of
     each state directory's own; else SQLite)."""
     backend_name, _, store = request.param.partition("@")
+    backend: SandboxBackend
     if backend_name == "fake":
         make: RuntimeFactory = request.getfixturevalue("fake_runtime_factory")
-        policy = load_policy("default")
+        policy, backend = load_policy("default"), request.getfixturevalue("fake_backend")
     else:
         make = request.getfixturevalue("docker_runtime_factory")
         engine, _, runtime = backend_name.partition("-")
         policy = policy_under(runtime if engine == "docker" else engine, request.getfixturevalue("docker_backend"))
+        backend = request.getfixturevalue(ENGINE_FIXTURES[engine])  # the engine the subject's runtimes use
     if store:
         make = on_postgresql(make, request.getfixturevalue("postgres_cluster"), tmp_path_factory)
-    backend = make(policy).backend
 
     def make_under_policy(changed: Policy | None = None, **options: Any) -> Runtime:
         return make(policy if changed is None else changed, **options)

@@ -119,11 +119,14 @@ class QuotaVolumes:
         """Release the mounted loop volumes of this state directory's conversations that no sandbox uses, no
         other live process holds and this process has not used after ``idle_before`` (e.g. after a crash);
         returns the conversations released."""
+        on_loop = [record for record in self.state.conversations() if record.quota_mode == "loop"]
+        if not on_loop:
+            return []  # nothing to ask the engine and the kernel about (a fresh state, or measured quotas)
         using = {c.labels.get(LABEL_CONVERSATION) for c in self.manager.mounting()}
         attached = attached_loop_images()
         released = []
-        for record in self.state.conversations():
-            if record.quota_mode != "loop" or record.id in using:
+        for record in on_loop:
+            if record.id in using:
                 continue
             folders = self.store.folders(record.id, quota_mode="loop")
             if not os.path.ismount(folders.results) and os.path.realpath(folders.volume) not in attached:

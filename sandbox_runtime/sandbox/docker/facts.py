@@ -3,7 +3,9 @@ here (only :mod:`~sandbox_runtime.sandbox.docker.backend` talks to the engine)."
 
 from __future__ import annotations
 
+import functools
 import socket
+import stat
 import subprocess
 from collections.abc import Mapping
 from pathlib import Path
@@ -82,10 +84,20 @@ def pid_in_container(pid: int, container_id: str) -> bool:
 
 
 def runtime_version(runtime: Mapping[str, Any]) -> str | None:
-    """``runsc --version``'s first line, when the runtime's binary is on this host."""
+    """``runsc --version``'s first line, when the runtime's binary is on this host (asked once per process for
+    each version of the binary: a binary replaced in place has another inode, size or modification time)."""
     path = runtime.get("path")
-    if not path or not Path(path).is_file():
+    try:
+        found = Path(path).stat() if path else None
+    except OSError:
         return None
+    if found is None or not stat.S_ISREG(found.st_mode):
+        return None
+    return _version_of(str(path), (found.st_ino, found.st_size, found.st_mtime_ns))
+
+
+@functools.lru_cache(maxsize=16)
+def _version_of(path: str, _identity: tuple[int, int, int]) -> str | None:
     try:
         done = subprocess.run([path, "--version"], capture_output=True, text=True, timeout=10, check=False)
     except (OSError, subprocess.TimeoutExpired):
