@@ -1,7 +1,8 @@
 """The host's end of a resident executor believes only what the executor sends: a done frame after ``S``, with
 the nonce of the run the host sent; everything else breaks the channel (then the host ends every process of the
 run and starts a fresh executor). Played here over a socket pair standing in for Docker's attach stream, with no
-engine: the executor's side is written by the test, frame by frame, after it read the host's request.
+engine: the executor's side is written by the test, frame by frame, after it read the host's greeting and request.
+The image's own executor is run on this host to show it says ready only once it was greeted.
 """
 
 from __future__ import annotations
@@ -9,9 +10,12 @@ from __future__ import annotations
 import json
 import socket
 import struct
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -19,6 +23,7 @@ import pytest
 from sandbox_runtime.sandbox.backend import RunRequest, ScriptCalls
 from sandbox_runtime.sandbox.exec_stream import Watch
 from sandbox_runtime.sandbox.executor_channel import Channel, Exchange
+from sandbox_runtime.sandbox.fake.executors import executor_path
 
 REQUEST = RunRequest(
     program=("/opt/venv/bin/python", "/mnt/results/s.py"),
@@ -59,21 +64,30 @@ def _exchange(
 ) -> Exchange:
     host, executor = pair
 
+    greetings: list[object] = []
+
     def serve() -> None:
-        line = b""
-        while not line.endswith(b"\n"):
-            line += executor.recv(65536)
-        for chunk in answer(json.loads(line)["nonce"]):
+        pending = bytearray()
+
+        def line() -> Any:
+            while b"\n" not in pending:
+                pending.extend(executor.recv(65536))
+            taken, _, rest = bytes(pending).partition(b"\n")
+            pending[:] = rest
+            return json.loads(taken)
+
+        greetings.append(line())  # as the executor does: ready only once the host's first line came
+        executor.sendall(_mux(_frame(b"R", b"7")))
+        for chunk in answer(line()["nonce"]):
             executor.sendall(chunk)
         executor.shutdown(socket.SHUT_WR)  # the executor's end: its stream ends after its last frame
 
-    executor.sendall(_mux(_frame(b"R", b"7")))
-    channel = Channel(host, "exec-id", ())
-    assert channel.ready(_deadline(), _watch())
-    assert channel.pid == 7
     thread = threading.Thread(target=serve)
     thread.start()
+    channel = Channel(host, "exec-id", ())
     try:
+        assert channel.ready(_deadline(), _watch())
+        assert (channel.pid, greetings) == (7, [{"op": "hello"}])
         return channel.run(REQUEST, _deadline(), _watch(), None, calls)
     finally:
         thread.join(timeout=10)
@@ -204,3 +218,18 @@ def test_a_call_line_the_run_left_unfinished_at_its_end_is_not_made(pair: tuple[
     exchange = _exchange(pair, answer, calls)
     assert exchange.stop == "done"
     assert calls.lines == []  # no newline: the run never finished writing it
+
+
+@pytest.mark.process  # the image's executor, run on this host as the fake backend runs it
+@pytest.mark.parametrize("first_line", [b"", b'{"op": "run", "nonce": "x"}\n', b"not json\n"])
+def test_the_image_executor_says_ready_only_to_the_hosts_greeting_and_ends_at_once_on_anything_else(
+    first_line: bytes, tmp_path: Path
+) -> None:
+    # ready said before the greeting could be lost on Podman's attach stream (containers/podman#25855)
+    executor = [sys.executable, "-I", executor_path(), "0", "--session"]  # its sweeps end its own session only
+    options: dict[str, Any] = {"capture_output": True, "cwd": tmp_path, "timeout": 60, "start_new_session": True}
+    ended = subprocess.run(executor, input=first_line, check=False, **options)
+    assert (ended.returncode, ended.stdout) == (0, b"")
+    greeted = subprocess.run(executor, input=b'{"op": "hello"}\n', check=True, **options)
+    kind, length = struct.unpack(">cI", greeted.stdout[:5])
+    assert (kind, greeted.stdout[5 : 5 + length].isdigit()) == (b"R", True)  # then its stdin ended: it exits

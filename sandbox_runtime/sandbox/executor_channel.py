@@ -40,6 +40,7 @@ _FRAME_MAX_BYTES = 1 << 17  # the executor's largest frame is one read of 64 KiB
 _DIAGNOSTICS_MAX_BYTES = 8192  # what the executor itself writes on its stderr, kept for the log
 _STDOUT, _STDERR = 1, 2
 _WATCH_INTERVAL_S = 0.2
+_GREETING = b'{"op": "hello"}\n'  # the host's first line; the executor says R only once it has read it
 _CANCEL_WAIT_S = 2.0  # a cancel the executor does not answer in this time is done by ending every process
 _FLUSH_WAIT_S = 5.0  # the rest of a reply already begun, sent after the run's end (the next request follows it)
 _UNANSWERED_LINE_MAX_BYTES = 4096  # with no ScriptCalls, a call line is not read, only answered
@@ -109,7 +110,12 @@ class Channel:
         self.silent = True  # nothing at all came over the stream yet
 
     def ready(self, deadline: float, watch: Watch) -> bool:
-        """Wait for the executor's ``R``; False when the stream ended (or the sandbox did) before it."""
+        """Greet the executor and wait for its ``R`` (sent once it has read the greeting: see the executor's
+        docstring); False when the stream ended (or the sandbox did) before it."""
+        try:
+            os.write(self._fd, _GREETING)  # a few bytes into the fresh stream's empty buffer: written whole
+        except OSError:
+            return False
         while True:
             left = deadline - time.monotonic()
             if left <= 0 or (watch.due() and not watch.sample()):

@@ -19,11 +19,16 @@ own memory reaches the next run, which is forked from the executor again; the ex
 
 Host to executor, one JSON object per line::
 
+    {"op": "hello"}                                the first line: the executor says ``R`` once it has read it
     {"op": "run", "nonce": N, "argv": [...], "cwd": "...", "timeout_s": T, "grace_s": G, "caps": [O, E]}
     {"op": "run", ..., "command": true, "env": {...}, "stdin": true|false}   a command (see below)
     {"op": "cancel", "nonce": N}
     {"op": "reply", "nonce": N, "body": {...}}     the answer to the run's oldest unanswered tool call
     {"op": "input", "nonce": N, "data": B64} / {"op": "input", "nonce": N, "end": true}   a command's stdin
+
+Why ``R`` waits for the host's first line: Podman's service can drop what an exec writes before its attach stream
+is connected (containers/podman#25855), and a lost ``R`` cost a run the whole start timeout. What the host writes
+reaches the executor only through that stream, so once the executor has read it, what it writes is passed on.
 
 A *command* is a program run the same way, confined alike: the spare, once confined, executes ``argv[0]`` found
 on PATH in its own place (a shell's 127 when there is none, 126 when it cannot be run), with ``env`` laid over its
@@ -551,6 +556,9 @@ def _serve(libraries):
     back to back still get them); once they all are, the heap is frozen and the spare forked before that is
     replaced by one that has them. A library a run used is loaded the same way after it."""
     stream = Stream()
+    greeting = stream.read_request()
+    if greeting is None or greeting.get("op") != "hello":
+        os._exit(0)  # not the host (or it went away): nothing was started
     stream.send(b"R", str(os.getpid()).encode())
     loading = [*STANDARD, *(module for name in sorted(libraries) for module in LIBRARIES[name])]
     while True:
