@@ -23,6 +23,9 @@ from sandbox_runtime.mcp.server import McpService
 from sandbox_runtime.pipeline.admission import Admission
 from sandbox_runtime.policy import load_policy
 from sandbox_runtime.policy.admission import AdmissionPolicy
+from sandbox_runtime.sandbox.backend import ContainerInfo, ContainerSpec
+from sandbox_runtime.sandbox.fake.backend import FakeBackend
+from sandbox_runtime.sandbox.labels import LABEL_CONVERSATION
 from tests.conftest import FAKE_POLICY, RuntimeFactory
 from tests.mcp_helpers import call_meta, http_server, run_bounded, text_of
 from tests.oauth_issuer import oauth_policy, running_issuer
@@ -184,6 +187,55 @@ def test_a_tenants_sandboxes_are_capped_and_a_closed_one_makes_room(fake_runtime
     assert runtime.quota("capped").sandboxes == 2
     first.close()
     assert third.call("run_python", {"code": "print(3)"}).is_error is False
+
+
+def test_a_burst_of_new_conversations_on_two_replicas_starts_side_by_side_and_never_past_the_tenants_share(
+    fake_runtime_factory: RuntimeFactory, fake_backend: FakeBackend, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    share = 3
+    limits = {"tenant_sandboxes_max": share, "max_wait_s": 1.0}
+    policy = load_policy("default").changed({"admission": limits}, "the test")
+    replicas = [fake_runtime_factory(policy, state_dir=tmp_path / "state") for _ in range(2)]
+    # every start the engine is asked for waits for the share's other starts: the engine starts them side by side
+    # (the tenant's lock is not held while it works); fewer of them at once would break the barrier
+    together = threading.Barrier(share, timeout=WAIT_S)
+    starting, most_at_once, counted = 0, 0, threading.Lock()
+    engine_start = fake_backend.create_and_start
+
+    def start_beside_the_others(spec: ContainerSpec) -> ContainerInfo:
+        nonlocal starting, most_at_once
+        with counted:
+            starting += 1
+            most_at_once = max(most_at_once, starting + len(fake_backend.list_containers({})))
+        together.wait()
+        try:
+            return engine_start(spec)
+        finally:
+            with counted:
+                starting -= 1
+
+    monkeypatch.setattr(fake_backend, "create_and_start", start_beside_the_others)
+    outcomes: list[str] = []
+
+    def first_run(number: int) -> None:
+        conversation = replicas[number % 2].conversation(f"burst-{number}", tenant="bursting")
+        try:
+            result = conversation.run_python(f"print({number})")
+            outcomes.append("ok" if result.stdout == f"{number}\n" else f"wrong: {result}")
+        except AdmissionRefused:
+            outcomes.append("refused")
+
+    threads = [threading.Thread(target=first_run, args=(number,)) for number in range(2 * share)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=WAIT_S)
+    assert sorted(outcomes) == ["ok"] * share + ["refused"] * share  # the share, and not one more
+    assert most_at_once <= share
+    assert replicas[0].quota("bursting").sandboxes == share
+    first = fake_backend.list_containers({})[0]
+    replicas[0].conversation_by_key(first.labels[LABEL_CONVERSATION]).close()
+    assert replicas[1].quota("bursting").sandboxes == share - 1  # a start, once its sandbox is recorded, counts no more
 
 
 def test_a_call_refused_its_turn_tells_the_python_api_how_long_it_waited(fake_runtime_factory: RuntimeFactory) -> None:

@@ -235,16 +235,20 @@ class ConversationService:
             return self._start_within_share(conversation_id)
 
     def _start_within_share(self, conversation_id: str) -> Sandbox:
-        """Start the conversation's sandbox once its tenant has room (checked and started under the tenant's lock
-        across processes, so two starts never both take its last place)."""
+        """Start the conversation's sandbox once its tenant has room. The room is taken under the tenant's lock
+        across processes (a start recorded while the lock is held counts as a live sandbox, so two starts never
+        both take its last place); the engine then starts the sandbox without the lock, beside the tenant's other
+        starts."""
         admission, tag = self.policy.admission, key_tag(conversation_id)
+        leases, lease_id = self.state.leases, self.manager.lease.id
         started = self.manager.clock()
         deadline = started + admission.max_wait_s
         while True:
             with self.manager.host_lock(f"sandboxes.{tag or 'default'}"):
                 live = self.state.live_sandbox_count(tag)
                 if live < admission.tenant_sandboxes_max:
-                    return self.manager.get_or_create(conversation_id, lambda: self._bind(conversation_id))
+                    leases.begin_start(lease_id, conversation_id, self.manager.clock())
+                    break
             if self.manager.clock() >= deadline:
                 tenant = self.state.tenants.of_key(conversation_id)
                 raise AdmissionRefused(
@@ -255,6 +259,10 @@ class ConversationService:
                     waited_s=self.manager.clock() - started,
                 )
             time.sleep(_SHARE_LOOK_S)  # another conversation's sandbox may end (reaped, closed) meanwhile
+        try:
+            return self.manager.get_or_create(conversation_id, lambda: self._bind(conversation_id))
+        finally:
+            leases.end_start(lease_id, conversation_id)  # the sandbox's record counts now (or none was made)
 
     def handle(self, conversation_id: str, folders: ConversationFolders | None = None) -> SandboxHandle:
         """What a tool uses of the conversation's sandbox (``folders``: already made for this call)."""

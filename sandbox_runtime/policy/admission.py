@@ -24,8 +24,8 @@ class AdmissionPolicy(Section):
     )
     tenant_sandboxes_max: PositiveInt = Field(
         1024,
-        description="Live sandboxes one tenant may have (every replica's): a call needing one more waits. A server "
-        "many tenants share sets it to its share (e.g. 16).",
+        description="Live sandboxes one tenant may have (every replica's, those being started included): a call "
+        "needing one more waits. A server many tenants share sets it to its share (e.g. 16).",
     )
     tenant_disk_max_bytes: PositiveInt = Field(
         1024 * GiB,

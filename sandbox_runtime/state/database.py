@@ -222,14 +222,26 @@ class StateDB:
         return [SandboxRecord(**row) for row in rows]
 
     def live_sandbox_count(self, tag: str) -> int:
-        """How many sandboxes of a tenant's conversations (by its tag) are not recorded as removed."""
+        """How many sandboxes of a tenant's conversations (by its tag) are not recorded as removed, or are being
+        started by a live process (a start whose process is gone no longer counts)."""
         where = "conversation_id LIKE ?" if tag else "conversation_id NOT LIKE ?"
-        with self.engine.statements() as db:
-            row = db.row(
-                f"SELECT count(*) AS n FROM sandboxes WHERE removed_at IS NULL AND {where}",  # noqa: S608  (one of two constants)
-                (f"{tag}.%" if tag else "%.%",),
-            )
-        return 0 if row is None else int(row["n"])
+        pattern = f"{tag}.%" if tag else "%.%"
+        query = (
+            f"SELECT (SELECT count(*) FROM sandboxes WHERE removed_at IS NULL AND {where}) AS live, "  # noqa: S608  (one of two constants)
+            f"(SELECT count(*) FROM sandbox_starts s WHERE s.{where} AND NOT EXISTS (SELECT 1 FROM sandboxes x "
+            "WHERE x.conversation_id = s.conversation_id AND x.removed_at IS NULL)) AS starting"
+        )
+
+        def counted() -> tuple[int, int]:
+            with self.engine.statements() as db:
+                row = db.row(query, (pattern, pattern))
+            return (0, 0) if row is None else (int(row["live"]), int(row["starting"]))
+
+        live, starting = counted()
+        if starting:
+            self.leases.live()  # the starts of processes that are gone are dropped with their leases
+            live, starting = counted()
+        return live + starting
 
     def mark_removed(self, container_id: str, reason: str) -> None:
         """Record the container as removed (before it is: nobody re-attaches it meanwhile) and clear it from every

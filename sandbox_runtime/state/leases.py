@@ -1,11 +1,14 @@
-"""Which live process uses what: the ``leases`` and ``holds`` tables of the state database.
+"""Which live process uses what: the ``leases``, ``holds`` and ``sandbox_starts`` tables of the state database.
 
 Every open runtime registers a lease (its pid, the process's start time from ``/proc`` so that a reused pid is
 not mistaken for it, the host name, the policy digest). While it uses a conversation it *holds* it (and, once it
 started or re-attached one, the conversation's sandbox container). Another process never removes a sandbox that
 a live process holds, nor unmounts a volume it holds; a lease whose process is gone counts as gone and is deleted
-(with its holds) the next time anyone asks. New tables only (``CREATE TABLE IF NOT EXISTS``): an older database
-gains them when it is opened, and older versions of the runtime ignore them.
+(with its holds and starts) the next time anyone asks. While it starts a conversation's sandbox, a *start* names
+the conversation: it counts against the tenant's live sandboxes from the moment its place was granted until the
+sandbox's own record does, so the tenant's lock is held only while the place is taken, not while the engine
+starts the sandbox. New tables only (``CREATE TABLE IF NOT EXISTS``): an older database gains them when it is
+opened, and older versions of the runtime ignore them.
 """
 
 from __future__ import annotations
@@ -44,6 +47,11 @@ CREATE TABLE IF NOT EXISTS holds (
     PRIMARY KEY (lease_id, conversation_id)
 );
 CREATE INDEX IF NOT EXISTS holds_by_conversation ON holds(conversation_id);
+CREATE TABLE IF NOT EXISTS sandbox_starts (
+    conversation_id TEXT PRIMARY KEY,
+    lease_id TEXT NOT NULL,
+    started_at REAL NOT NULL
+);
 """
 LEASE_TABLES = tuple(statement.strip() for statement in _SCHEMA.split(";") if statement.strip())
 
@@ -145,6 +153,7 @@ class Leases:
         with self._engine.transaction() as db:
             for lease_id in lease_ids:
                 db.run("DELETE FROM holds WHERE lease_id = ?", (lease_id,))
+                db.run("DELETE FROM sandbox_starts WHERE lease_id = ?", (lease_id,))
                 db.run("DELETE FROM call_claims WHERE lease_id = ?", (lease_id,))  # its calls may be run again
                 db.run("DELETE FROM leases WHERE id = ?", (lease_id,))
             db.run("DELETE FROM holds WHERE lease_id NOT IN (SELECT id FROM leases)")  # strays of closed ones
@@ -196,6 +205,21 @@ class Leases:
                     int(use),
                 ),
             )
+
+    def begin_start(self, lease_id: str, conversation_id: str, when: float) -> None:
+        """Record that the lease is starting the conversation's sandbox (a place of its tenant's is taken)."""
+        with self._engine.statements() as db:
+            db.run(
+                "INSERT INTO sandbox_starts(conversation_id, lease_id, started_at) VALUES (?, ?, ?) "
+                "ON CONFLICT(conversation_id) DO UPDATE SET lease_id = excluded.lease_id, "
+                "started_at = excluded.started_at",
+                (conversation_id, lease_id, when),
+            )
+
+    def end_start(self, lease_id: str, conversation_id: str) -> None:
+        """The start ended (its sandbox recorded, or none made)."""
+        with self._engine.statements() as db:
+            db.run("DELETE FROM sandbox_starts WHERE conversation_id = ? AND lease_id = ?", (conversation_id, lease_id))
 
     def touch_hold(self, lease_id: str, conversation_id: str, when: float) -> None:
         with self._engine.statements() as db:
