@@ -41,8 +41,8 @@ from tests.fast_loop import mark_fast
 from tests.parallel import one_at_a_time
 from tests.postgres_cluster import PostgresCluster
 
-# postgres_cluster (one per session) and postgres_url (a fresh database); the fast loop
-pytest_plugins = ["tests.postgres_cluster", "tests.fast_loop"]
+# postgres_cluster (one per session) and postgres_url (a fresh database); the fast loop; the longest tests first
+pytest_plugins = ["tests.postgres_cluster", "tests.fast_loop", "tests.parallel"]
 
 TEST_LABEL = "io.sandbox-runtime.test"
 SESSION = uuid.uuid4().hex[:12]

@@ -11,6 +11,10 @@ in turn through a lock in the run's temporary root (:func:`run_folder`):
   test uses, so no module waits for another.
 
 Without xdist the same lock is taken by the one session, uncontended.
+
+The suite's longest tests (marked ``first``) are handed out before the rest, so that none of them is still running
+alone at the end of the run while the other workers have nothing left to do. The module holds no ``assert``, so
+pytest need not rewrite it (PYTEST_DONT_REWRITE).
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ from pathlib import Path
 
 import pytest
 
-__all__ = ["one_at_a_time", "run_folder"]
+__all__ = ["one_at_a_time", "pytest_collection_modifyitems", "run_folder"]
 
 
 def run_folder(temp: pytest.TempPathFactory) -> Path:
@@ -42,3 +46,9 @@ def one_at_a_time(temp: pytest.TempPathFactory, name: str) -> Iterator[None]:
             yield
         finally:
             fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+@pytest.hookimpl(trylast=True)  # after pytest's own ordering and -m's selection
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The tests marked ``first`` at the front, the rest in their order (every worker collects the same order)."""
+    items.sort(key=lambda item: item.get_closest_marker("first") is None)

@@ -40,6 +40,7 @@ def langchain_python() -> Path:
     return require(LANGCHAIN_PYTHON, "LangChain's MCP adapter (.venv-langchain)")
 
 
+@pytest.mark.first
 def test_langchain_starting_a_server_process_per_call_keeps_one_conversation_and_one_sandbox(
     runtime_factory: RuntimeFactory, served_state: Path, database: Path, langchain_python: Path
 ) -> None:

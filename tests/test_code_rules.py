@@ -35,7 +35,7 @@ def _tool(*command: str) -> subprocess.CompletedProcess[str]:
 
 @pytest.mark.parametrize(
     "command",
-    [("ruff", "check", "."), ("ruff", "format", "--check", "."), ("mypy",)],
+    [("ruff", "check", "."), ("ruff", "format", "--check", "."), pytest.param(("mypy",), marks=pytest.mark.first)],
     ids=["ruff-check", "ruff-format", "mypy-strict"],
 )
 @pytest.mark.process

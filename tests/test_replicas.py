@@ -143,6 +143,7 @@ INTERRUPTED = (
 )
 
 
+@pytest.mark.first
 def test_three_replicas_serve_one_conversation_a_raced_call_runs_once_and_a_killed_one_loses_nothing(
     postgres_url: str, replicated_state: Path, runtime_factory: RuntimeFactory
 ) -> None:
@@ -249,6 +250,7 @@ def fails_as_the_database_goes_away(
         return answer.result(timeout=WAIT_S)
 
 
+@pytest.mark.first
 def test_a_call_in_flight_when_the_database_goes_away_is_run_by_its_retry_once_the_database_is_back(
     postgres_cluster: PostgresCluster, postgres_url: str, fake_runtime_factory: RuntimeFactory, tmp_path: Path
 ) -> None:

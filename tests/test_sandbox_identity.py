@@ -113,6 +113,7 @@ def sandbox_of(replica: Replica, call_id: str) -> str:
     return found.group(1)
 
 
+@pytest.mark.first
 @pytest.mark.postgresql
 @pytest.mark.parametrize("engine_policy", ENGINES)
 def test_replicas_on_other_ports_and_a_restart_on_a_new_port_use_the_conversations_one_sandbox(
