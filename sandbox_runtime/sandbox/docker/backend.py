@@ -47,6 +47,9 @@ from sandbox_runtime.sandbox.executors import ResidentExecutors
 __all__ = ["DockerBackend"]
 
 _DEFAULT_SOCKET = "/var/run/docker.sock"
+# connections to the engine kept open for reuse (docker-py keeps 10, and a burst of new conversations then opens
+# and drops one per call beyond them, with a warning each); more are still opened when needed
+_KEPT_CONNECTIONS = 64
 
 
 def _missing(exc: docker.errors.APIError) -> bool:
@@ -109,7 +112,9 @@ def _client(options: Mapping[str, Any], timeout_s: float) -> docker.DockerClient
     finally:
         probe.close()
     version = answer.headers.get("Api-Version") if answer.ok else None
-    return docker.DockerClient(**options, version=version or "auto", timeout=int(timeout_s))
+    return docker.DockerClient(
+        **options, version=version or "auto", timeout=int(timeout_s), max_pool_size=_KEPT_CONNECTIONS
+    )
 
 
 class DockerBackend(SandboxBackend, ImageBuilder):
