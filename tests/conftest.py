@@ -223,13 +223,12 @@ def fake_runtime_factory(
 ) -> Iterator[RuntimeFactory]:
     """Make runtimes on the fake backend (no engine; one backend for the test, so a second runtime re-attaches
     what the first started); every conversation they made is deleted afterwards."""
-    backend = fake_backend
     made: list[Runtime] = []
 
     def make(policy: Policy | str = "default", state_dir: Path | None = None, **kwargs: Any) -> Runtime:
         options: dict[str, Any] = {"reap_interval_s": None, "retention_interval_s": None, **kwargs}
         runtime = Runtime(
-            state_dir or tmp_path_factory.mktemp("state"), policy, backend=backend, image="fake", **options
+            state_dir or tmp_path_factory.mktemp("state"), policy, backend=fake_backend, image="fake", **options
         )
         made.append(runtime)
         return runtime
@@ -237,8 +236,8 @@ def fake_runtime_factory(
     yield make
     for runtime in made:
         _delete_everything(runtime)
-    for info in backend.list_containers({}):
-        backend.remove(info.id)
+    for info in fake_backend.list_containers({}):
+        fake_backend.remove(info.id)
 
 
 # the state stores a test marked with them runs on: SQLite in the state directory, and a PostgreSQL database
