@@ -169,8 +169,9 @@ class ResidentExecutors:
 
     def _open(self, container_id: str, request: RunRequest, key: tuple[object, ...], watch: Watch) -> Channel:
         """A fresh executor for the container, ready. One that said nothing at all before its start timeout is
-        ended and opened again, once: Podman's service can lose an exec's first output on its attach stream
-        (containers/podman#25855), and its ready frame with it."""
+        ended and opened again, once. (Podman's service can lose what an exec writes before its attach stream is
+        connected, containers/podman#25855; the executor says ready only once it has read the host's greeting,
+        which comes through that stream, so this is the fallback, not the way a lost ready frame is found.)"""
         with self._guard:
             libraries = self._libraries.get(container_id, ())
         for attempt in (1, 2):
