@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
+import time
 from collections.abc import Iterator, Mapping
 from contextlib import AbstractContextManager
 from pathlib import Path
@@ -50,6 +51,9 @@ _DEFAULT_SOCKET = "/var/run/docker.sock"
 # connections to the engine kept open for reuse (docker-py keeps 10, and a burst of new conversations then opens
 # and drops one per call beyond them, with a warning each); more are still opened when needed
 _KEPT_CONNECTIONS = 64
+# a removal another process started is waited for this long at most, looking this often
+_REMOVAL_WAIT_S = 10.0
+_REMOVAL_LOOK_S = 0.05
 
 
 def _missing(exc: docker.errors.APIError) -> bool:
@@ -287,14 +291,21 @@ class DockerBackend(SandboxBackend, ImageBuilder):
         return container_info(attrs)
 
     def remove(self, container_id: str) -> None:
+        """Remove the container; one another process is removing already is waited for (bounded) until the
+        engine no longer shows it, so that it is gone when this returns, whoever removed it."""
         self._executors.discard(container_id)
         with self._engine("remove container"):
             try:
                 self._api.remove_container(container_id, force=True, v=True)
+                return
             except docker.errors.APIError as exc:
-                if _missing(exc) or "already in progress" in str(exc):
+                if _missing(exc):
                     return
-                raise
+                if "already in progress" not in str(exc):
+                    raise
+        deadline = time.monotonic() + _REMOVAL_WAIT_S
+        while self.inspect(container_id) is not None and time.monotonic() < deadline:
+            time.sleep(_REMOVAL_LOOK_S)  # the engine tells of no removal's end but by the container's absence
 
     def restart(self, container_id: str) -> None:
         self._executors.forget(container_id)
