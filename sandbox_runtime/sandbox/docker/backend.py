@@ -305,7 +305,7 @@ class DockerBackend(SandboxBackend, ImageBuilder):
                     raise
         deadline = time.monotonic() + _REMOVAL_WAIT_S
         while self.inspect(container_id) is not None and time.monotonic() < deadline:
-            time.sleep(_REMOVAL_LOOK_S)  # the engine tells of no removal's end but by the container's absence
+            time.sleep(_REMOVAL_LOOK_S)  # the other process's removal has ended once the engine no longer shows it
 
     def restart(self, container_id: str) -> None:
         self._executors.forget(container_id)
