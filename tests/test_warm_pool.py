@@ -67,7 +67,7 @@ def test_a_new_conversations_first_call_runs_in_a_pooled_sandbox_on_its_own_fold
     runtime = _ready_pool(runtime_factory, policy)
     state = runtime.state_dir
     waiting = {c.id for c in _pooled(docker_backend, state)}
-    assert len(waiting) == 2
+    assert len(waiting) == policy.pool.ready_count == 1
 
     conversation = runtime.conversation("pooled-first")
     seen = _seen(
@@ -134,7 +134,8 @@ print(json.dumps({"results": sorted(os.listdir("/mnt/results")), "tmp": sorted(o
 def test_two_conversations_starting_at_once_never_share_a_pooled_sandbox(
     runtime_factory: RuntimeFactory, docker_backend: DockerBackend
 ) -> None:
-    runtime = _ready_pool(runtime_factory, load_policy("default"))
+    policy = load_policy("default").changed({"pool": {"ready_count": 2}}, "two ready")
+    runtime = _ready_pool(runtime_factory, policy)
     waiting = {c.id for c in _pooled(docker_backend, runtime.state_dir)}
     conversations = [runtime.conversation(f"at-once-{n}") for n in range(2)]
     seen: dict[str, dict[str, Any]] = {}
@@ -209,7 +210,7 @@ def test_the_pool_of_a_killed_process_is_swept_with_its_slots_and_a_new_policy_g
         other = runtime_factory(state_dir=state)
         other.gc()  # a live process's pool is its own
         old = {c.id for c in _pooled(docker_backend, state) if c.labels.get("io.sandbox-runtime.lease") == lease}
-        assert len(old) == 2
+        assert len(old) == load_policy("default").pool.ready_count
         assert all(docker_backend.inspect(i) is not None for i in old)
         assert mounts_under(state / "pool" / lease)
     finally:
@@ -228,4 +229,4 @@ def test_the_pool_of_a_killed_process_is_swept_with_its_slots_and_a_new_policy_g
         sandbox_identity(changed, executor_image)
     }
     assert successor.pool is not None
-    assert successor.pool.ready() == 2
+    assert successor.pool.ready() == changed.pool.ready_count

@@ -1,17 +1,19 @@
-"""The warm pool's rules, on the fake backend (no engine): what is kept ready, what is handed out and to whom, when
-a sandbox is replaced, what happens after a failed start, which runtimes keep a pool, and what the sweep removes.
-The same pool on Docker, under runc and gVisor, is in ``test_warm_pool.py``."""
+"""The warm pool's rules, on the fake backend (no engine): what is kept ready, what is handed out and to whom, how
+the pool follows the demand of new conversations within its bounds, when a sandbox is replaced, what happens after
+a failed start, which runtimes keep a pool, and what the sweep removes. The same pool on Docker, under runc and
+gVisor, is in ``test_warm_pool.py``."""
 
 from __future__ import annotations
 
 import os
+import threading
 from pathlib import Path
 
 import pytest
 
 from sandbox_runtime.api.runtime import Runtime
-from sandbox_runtime.errors import SandboxError
-from sandbox_runtime.policy import Policy, load_policy
+from sandbox_runtime.errors import PolicyError, SandboxError
+from sandbox_runtime.policy import Policy, load_policy, policy_from_mapping
 from sandbox_runtime.sandbox.backend import ContainerInfo, ContainerSpec
 from sandbox_runtime.sandbox.fake.backend import FakeBackend
 from sandbox_runtime.sandbox.labels import LABEL_POOL_SLOT
@@ -20,6 +22,7 @@ from sandbox_runtime.sandbox.run_protocol import PYTHON, run_request
 from tests.conftest import RuntimeFactory
 
 READY_WITHIN_S = 30.0
+GiB = 1024**3
 
 
 @pytest.fixture
@@ -39,11 +42,36 @@ class _Clock:
         return self.now
 
 
-def _pool_of(runtime: Runtime, clock: _Clock, **pool: object) -> WarmPool:
-    """A pool tended by the test itself (no job thread), on the runtime's manager and slots, with a test clock."""
+def _pool_of(runtime: Runtime, clock: _Clock, memory_available_bytes: int = 8 * GiB, **pool: object) -> WarmPool:
+    """A pool tended by the test itself (no job thread), on the runtime's manager and slots, with a test clock and
+    the host's available memory as the test says."""
     policy = runtime.policy.pool.model_copy(update=pool)
     request = run_request(runtime.policy, 10.0, (PYTHON, "-c", "pass"))
-    return WarmPool(runtime.manager, policy, runtime.conversations.slots, request, clock=clock)
+    return WarmPool(
+        runtime.manager,
+        policy,
+        runtime.conversations.slots,
+        request,
+        clock=clock,
+        memory_available=lambda: memory_available_bytes,
+    )
+
+
+def _tended(pool: WarmPool) -> WarmPool:
+    """One round of the pool's job, and its starts ended."""
+    pool.tend()
+    assert pool.wait_for_starts(timeout_s=READY_WITHIN_S)
+    return pool
+
+
+def _filled(pool: WarmPool) -> int:
+    """Rounds of the job until the pool holds its target (each round starts at most ``starts_at_once_max``); how
+    many sandboxes then wait."""
+    for _ in range(64):
+        if pool.ready() == pool.target():
+            return pool.ready()
+        _tended(pool)
+    raise AssertionError(f"the pool did not reach its target: {pool.ready()} of {pool.target()}")
 
 
 def _pooled_containers(runtime: Runtime) -> list[ContainerInfo]:
@@ -64,7 +92,7 @@ def test_only_serve_keeps_a_pool_by_default_and_keep_in_decides_for_the_rest(run
     assert runtime_factory(_pool_policy(keep_in="all")).pool is not None
     assert runtime_factory(_pool_policy(keep_in="all"), warm_pool=False).pool is None
     assert runtime_factory(_pool_policy(keep_in="none"), warm_pool=True).pool is None
-    assert runtime_factory(_pool_policy(ready_count=0), warm_pool=True).pool is None
+    assert runtime_factory(_pool_policy(max_ready_count=0, ready_count=0), warm_pool=True).pool is None
 
 
 def test_a_new_conversation_takes_a_ready_sandbox_whole_and_the_pool_starts_another(
@@ -74,7 +102,7 @@ def test_a_new_conversation_takes_a_ready_sandbox_whole_and_the_pool_starts_anot
     assert runtime.pool is not None
     assert runtime.pool.wait_until_ready(timeout_s=READY_WITHIN_S)
     waiting = {c.id for c in _pooled_containers(runtime)}
-    assert len(waiting) == runtime.policy.pool.ready_count == 2
+    assert len(waiting) == runtime.policy.pool.ready_count == 1
 
     conversation = runtime.conversation("first")
     outcome = conversation.call("run_python", {"code": "open('made-here.txt', 'w').write('x')"})
@@ -90,7 +118,7 @@ def test_a_new_conversation_takes_a_ready_sandbox_whole_and_the_pool_starts_anot
 
     conversation.close()
     assert runtime.backend.inspect(sandbox.container_id) is None  # ended like any sandbox, never given back
-    assert runtime.pool.ready() == 2
+    assert runtime.pool.ready() == 1
 
 
 def test_a_conversation_with_folders_from_before_never_takes_from_the_pool(runtime_factory: RuntimeFactory) -> None:
@@ -105,7 +133,8 @@ def test_a_conversation_with_folders_from_before_never_takes_from_the_pool(runti
     conversation = runtime.conversation("restored")
     assert conversation.run_python("print(open('kept.txt').read())").stdout.strip() == "kept"
     assert conversation.sandbox().container_id not in waiting
-    assert runtime.pool.ready() == 2
+    assert runtime.pool.ready() == 1
+    assert runtime.pool.target() == 1  # it never asked the pool
 
 
 def test_a_pooled_sandbox_that_waited_past_max_wait_s_is_never_handed_out_and_is_replaced(
@@ -113,13 +142,12 @@ def test_a_pooled_sandbox_that_waited_past_max_wait_s_is_never_handed_out_and_is
 ) -> None:
     runtime = runtime_factory()
     clock = _Clock()
-    pool = _pool_of(runtime, clock, ready_count=1, max_wait_s=600)
-    pool.tend()
+    pool = _tended(_pool_of(runtime, clock, ready_count=1, max_wait_s=600))
     (old,) = _pooled_containers(runtime)
 
     clock.now += 601
     assert pool.take() is None  # stale: not handed out
-    pool.tend()
+    _tended(pool)
     (new,) = _pooled_containers(runtime)
     assert new.id != old.id
     assert runtime.backend.inspect(old.id) is None
@@ -142,18 +170,17 @@ def test_after_a_failed_start_the_pool_waits_retry_after_s_before_it_tries_again
     backend = Refusing()
     with Runtime(tmp_path / "state", backend=backend, image="fake", reap_interval_s=None) as runtime:
         clock = _Clock()
-        pool = _pool_of(runtime, clock, ready_count=2, retry_after_s=30.0)
-        pool.tend()
-        assert backend.starts == 1
+        pool = _tended(_pool_of(runtime, clock, ready_count=2, retry_after_s=30.0))
+        assert backend.starts == 2  # side by side
         assert pool.ready() == 0
         assert "trying again in 30 s" in caplog.text
         backend.refuse = False
         clock.now += 29
-        pool.tend()
-        assert backend.starts == 1  # not yet
+        _tended(pool)
+        assert backend.starts == 2  # not yet
         clock.now += 2
-        pool.tend()
-        assert backend.starts == 3
+        _tended(pool)
+        assert backend.starts == 4
         assert pool.ready() == 2
         pool.close()
         assert pool.ready() == 0
@@ -163,14 +190,94 @@ def test_after_a_failed_start_the_pool_waits_retry_after_s_before_it_tries_again
 
 def test_a_pooled_sandbox_that_stopped_is_replaced(runtime_factory: RuntimeFactory) -> None:
     runtime = runtime_factory()
-    pool = _pool_of(runtime, _Clock(), ready_count=1)
-    pool.tend()
+    pool = _tended(_pool_of(runtime, _Clock(), ready_count=1))
     (stopped,) = _pooled_containers(runtime)
     runtime.backend.remove(stopped.id)  # as if it died
-    pool.tend()
+    _tended(pool)
     (fresh,) = _pooled_containers(runtime)
     assert fresh.id != stopped.id
     _hands_out_then_ends(pool, fresh.id)
+
+
+def test_the_pool_grows_with_the_new_conversations_of_its_window_up_to_its_ceiling_and_shrinks_back_when_quiet(
+    runtime_factory: RuntimeFactory, fake_backend: FakeBackend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    runtime = runtime_factory()
+    clock = _Clock()
+    pool = _pool_of(runtime, clock, ready_count=1, max_ready_count=5, demand_window_s=60, starts_at_once_max=2)
+    assert _filled(pool) == 1  # quiet: the floor
+
+    taken = [pool.take() for _ in range(4)]  # a burst of four new conversations: one hit, three misses
+    assert sum(t is not None for t in taken) == 1
+    assert pool.target() == 4
+    assert _tended(pool).ready() == 1  # while new conversations ask, only back to the floor: the burst goes first
+    clock.now += 1  # the asks settled
+    meeting, start = threading.Barrier(2, timeout=READY_WITHIN_S), fake_backend.create_and_start
+
+    def side_by_side(spec: ContainerSpec) -> ContainerInfo:
+        meeting.wait()  # broken (the start fails) unless two starts are under way at once
+        return start(spec)
+
+    monkeypatch.setattr(fake_backend, "create_and_start", side_by_side)
+    assert _tended(pool).ready() == 3  # two more, side by side: starts_at_once_max
+    monkeypatch.undo()
+    assert _filled(pool) == 4  # the next burst of four finds them ready
+
+    clock.now += 29
+    for _ in range(4):
+        pool.take()
+    assert pool.target() == 5  # eight asks in the window: the ceiling
+    clock.now += 1
+    assert _filled(pool) == 5
+    assert len(_pooled_containers(runtime)) == 5 + 5  # the five waiting, and the five taken (never given back)
+
+    clock.now += 31  # the first burst's asks left the window: four remain
+    assert pool.target() == 4
+    assert _filled(pool) == 4
+    clock.now += 60  # quiet for a whole window
+    assert pool.target() == 1
+    _tended(pool)
+    assert pool.ready() == 1
+    waiting = [c for c in _pooled_containers(runtime) if not any(t and t.container_id == c.id for t in taken)]
+    assert len(waiting) == 1 + 4  # the one the pool keeps, and the second burst's four (taken)
+    pool.close()
+
+
+def test_the_pool_grows_past_its_floor_only_while_the_host_has_memory_available(
+    runtime_factory: RuntimeFactory,
+) -> None:
+    runtime = runtime_factory()
+    clock = _Clock()
+    short = _pool_of(runtime, clock, memory_available_bytes=GiB // 2, ready_count=1, max_ready_count=8)
+    for _ in range(6):
+        short.take()
+    assert short.target() == 1  # under host_memory_available_min_bytes (1 GiB): the floor only
+    assert _filled(short) == 1
+    short.close()
+
+    plenty = _pool_of(runtime, clock, memory_available_bytes=4 * GiB, ready_count=1, max_ready_count=8)
+    for _ in range(6):
+        plenty.take()
+    assert plenty.target() == 6
+    plenty.close()
+
+
+def test_a_pool_for_one_new_conversation_starts_none_after_its_take(runtime_factory: RuntimeFactory) -> None:
+    runtime = runtime_factory()
+    assert runtime.start_warm_pool(1, refill=False) is runtime.pool  # serve over stdio
+    assert runtime.pool is not None
+    assert runtime.pool.wait_until_ready(timeout_s=READY_WITHIN_S)
+    assert runtime.conversation("only").run_python("print(1)").stdout == "1\n"
+    assert runtime.conversation("only").sandbox().pooled
+    runtime.pool.tend()
+    assert runtime.pool.wait_for_starts(timeout_s=READY_WITHIN_S)
+    assert runtime.pool.target() == runtime.pool.ready() == 0
+    assert [c.id for c in _pooled_containers(runtime)] == [runtime.conversation("only").sandbox().container_id]
+
+
+def test_a_ceiling_under_the_floor_is_refused_naming_both() -> None:
+    with pytest.raises(PolicyError, match=r"max_ready_count \(2\) is below ready_count \(3\)"):
+        policy_from_mapping({"pool": {"ready_count": 3, "max_ready_count": 2}})
 
 
 def test_pooled_sandboxes_of_a_process_that_ended_are_swept_and_a_live_processes_pool_is_left_alone(

@@ -94,9 +94,9 @@ class Runtime:
     several runtimes (replicas), or None for ``$SANDBOX_RUNTIME_STATE_URL``, else the policy's ``state.url``, else
     ``STATE_DIR/state.sqlite3``. The conversations' folders are in the state directory whatever the store.
 
-    ``warm_pool``: keep the policy's ``pool.ready_count`` sandboxes started ahead of need, each handed whole to one
-    new conversation (:meth:`start_warm_pool`); None: as the policy's ``pool.keep_in`` says (``all``: yes;
-    ``serve``, the default: only ``sandbox-runtime serve``).
+    ``warm_pool``: keep sandboxes started ahead of need, each handed whole to one new conversation, as many as the
+    policy's ``[pool]`` says for the demand of new conversations (:meth:`start_warm_pool`); None: as the policy's
+    ``pool.keep_in`` says (``all``: yes; ``serve``, the default: only ``sandbox-runtime serve``).
 
     ``metrics`` is the runtime's Prometheus collector (:mod:`~sandbox_runtime.telemetry.metrics`): register it in
     your registry (``prometheus_client.REGISTRY.register(runtime.metrics)``). Its spans go to the tracer provider
@@ -221,16 +221,22 @@ class Runtime:
         """The warm pool this runtime keeps (None: none)."""
         return self.conversations.pool
 
-    def start_warm_pool(self, ready_count: int | None = None) -> WarmPool | None:
-        """Keep ``ready_count`` (default: the policy's ``pool.ready_count``) sandboxes started, hardened and loaded
-        ahead of need, each handed whole to one new conversation and never to another
-        (:mod:`~sandbox_runtime.sandbox.pool`); they start in the background at once. Nothing happens when the
-        policy's ``pool.keep_in`` is ``none``, the count is 0, or a pool is kept already. ``close`` removes the
-        sandboxes still waiting. Returns the pool (None: none)."""
-        count = self.policy.pool.ready_count if ready_count is None else ready_count
-        if self.pool is not None or self.policy.pool.keep_in == "none" or count <= 0:
+    def start_warm_pool(self, ready_count: int | None = None, *, refill: bool = True) -> WarmPool | None:
+        """Keep sandboxes started, hardened and loaded ahead of need, each handed whole to one new conversation and
+        never to another (:mod:`~sandbox_runtime.sandbox.pool`): as many as new conversations asked for one within
+        the policy's ``pool.demand_window_s``, at least ``ready_count`` (default: the policy's
+        ``pool.ready_count``), at most ``pool.max_ready_count`` (or ``ready_count`` when higher); they start in the
+        background at once. ``refill=False``: a pool for one new conversation (``ready_count`` sandboxes, none
+        started after its take; ``serve`` over stdio). Nothing happens when the policy's ``pool.keep_in`` is
+        ``none``, ``pool.max_ready_count`` is 0, or a pool is kept already. ``close`` removes the sandboxes still
+        waiting. Returns the pool (None: none)."""
+        policy = self.policy.pool
+        if self.pool is not None or policy.keep_in == "none" or policy.max_ready_count == 0:
             return self.pool
-        pool = self.conversations.start_pool(count)
+        if ready_count is not None:
+            ceiling = ready_count if not refill else max(ready_count, policy.max_ready_count)
+            policy = policy.model_copy(update={"ready_count": ready_count, "max_ready_count": ceiling})
+        pool = self.conversations.start_pool(policy, refill=refill)
         pool.wake = self.workers.every(pool.interval_s, "pool", pool.tend, first_now=True)
         return pool
 

@@ -153,14 +153,15 @@ def cmd_serve(args: argparse.Namespace) -> int:
                 )
                 return EXIT_USAGE
         # over HTTP, many conversations: the policy's warm pool; over stdio one client, whose conversation is new
-        # only in its first session: one pooled sandbox then, none after (a client may start a server per call)
+        # only in its first session: one pooled sandbox then, none after its take, nor in a later session (a client
+        # may start a server per call)
         stdio = listener is None
         runtime = stack.enter_context(
             Runtime(args.state_dir, policy, extra_labels=dict(args.label), warm_pool=not stdio)
         )
         conversation = args.conversation or default_conversation("stdio" if stdio else "http", token)
         if stdio and runtime.conversations.is_new(conversation):
-            runtime.start_warm_pool(1)
+            runtime.start_warm_pool(1, refill=False)
         gateway = stack.enter_context(Gateway(policy.mcp))
         gateway.register(runtime)
         service = McpService(runtime, transport="stdio" if stdio else "http", conversation=conversation)

@@ -27,7 +27,7 @@ from sandbox_runtime.conversations.pool_slots import PoolSlots, ended_leases
 from sandbox_runtime.conversations.volumes import QuotaVolumes, release_orphan_volume
 from sandbox_runtime.errors import AdmissionRefused, QuotaError, SandboxError
 from sandbox_runtime.models import QuotaMode
-from sandbox_runtime.policy import Policy
+from sandbox_runtime.policy import Policy, PoolPolicy
 from sandbox_runtime.sandbox.backend import SandboxBackend
 from sandbox_runtime.sandbox.canary import CANARY_CONVERSATION
 from sandbox_runtime.sandbox.holds import LABEL_LEASE, ConversationLocks, HostLocks, RunLock
@@ -87,12 +87,12 @@ class ConversationService:
         self.slots = PoolSlots(store, self.manager.lease.id)
         self.pool: WarmPool | None = None
 
-    def start_pool(self, ready_count: int) -> WarmPool:
-        """Make the warm pool of ``ready_count`` sandboxes; its owner runs :meth:`WarmPool.tend` as a job."""
+    def start_pool(self, policy: PoolPolicy, *, refill: bool = True) -> WarmPool:
+        """Make the warm pool ``policy`` describes (``refill=False``: for one new conversation only); its owner runs
+        :meth:`WarmPool.tend` as a job."""
         # the executor is loaded for every run_python's requests (they differ only in program and time limit)
         request = run_request(self.policy, self.policy.run.default_timeout_s, (PYTHON, "-c", "pass"))
-        pool_policy = self.policy.pool.model_copy(update={"ready_count": ready_count})
-        self.pool = WarmPool(self.manager, pool_policy, self.slots, request)
+        self.pool = WarmPool(self.manager, policy, self.slots, request, refill=refill)
         return self.pool
 
     def is_new(self, conversation_id: str) -> bool:
@@ -159,7 +159,11 @@ class ConversationService:
             [(("ready",), ready), (("starting",), starting)],
             ["state"],
         )
-        yield gauge("pool_target_sandboxes", "Warm sandboxes the pool keeps ready.", 0 if pool is None else pool.size)
+        yield gauge(
+            "pool_target_sandboxes",
+            "Warm sandboxes the pool keeps ready now (it follows the demand of new conversations).",
+            0 if pool is None else pool.target(),
+        )
         yield counter(
             "executor_restarts",
             "Resident executors a run ended or got around (the next run started a fresh one).",

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
-from sandbox_runtime.policy.base import MiB, PositiveFloat, PositiveInt, Section
+from sandbox_runtime.policy.base import GiB, MiB, PositiveFloat, PositiveInt, Section
 
 __all__ = ["KubernetesPolicy", "PoolPolicy", "SandboxLimits", "SandboxPolicy"]
 
@@ -75,10 +75,36 @@ class SandboxPolicy(Section):
 
 class PoolPolicy(Section):
     """The warm pool: sandboxes started ahead of need (hardened, quota volume made, resident executor loaded), each
-    handed whole to one new conversation and never to another."""
+    handed whole to one new conversation and never to another. It keeps as many ready as new conversations asked
+    for one within ``demand_window_s``, never fewer than ``ready_count`` nor more than ``max_ready_count``."""
 
     ready_count: int = Field(
-        2, ge=0, le=64, description="Sandboxes kept ready for new conversations where a pool is kept (0: none)."
+        1,
+        ge=0,
+        le=64,
+        description="Sandboxes kept ready for new conversations however quiet it is, where a pool is kept (the "
+        "pool's floor; 0: none until new conversations come).",
+    )
+    max_ready_count: int = Field(
+        16,
+        ge=0,
+        le=64,
+        description="The most sandboxes the pool keeps ready when many new conversations come (its ceiling; at "
+        "least ready_count; 0: no pool).",
+    )
+    demand_window_s: PositiveInt = Field(
+        60,
+        description="The pool keeps ready as many sandboxes as new conversations asked for one within this many "
+        "seconds (between its floor and its ceiling); as those asks age out of the window it shrinks back.",
+    )
+    host_memory_available_min_bytes: int = Field(
+        1 * GiB,
+        ge=0,
+        description="The pool grows past ready_count only while this host has at least this much memory available "
+        "(MemAvailable; 0: no bound); below it, what waits past the floor is removed.",
+    )
+    starts_at_once_max: int = Field(
+        4, ge=1, le=64, description="Sandboxes the pool starts side by side when it fills up."
     )
     keep_in: Literal["serve", "all", "none"] = Field(
         "serve",
@@ -93,6 +119,15 @@ class PoolPolicy(Section):
     retry_after_s: PositiveFloat = Field(
         30.0, description="After a pooled sandbox failed to start, the pool waits this long before it tries again."
     )
+
+    @model_validator(mode="after")
+    def _ceiling_above_floor(self) -> PoolPolicy:
+        if self.max_ready_count < self.ready_count:
+            raise ValueError(
+                f"max_ready_count ({self.max_ready_count}) is below ready_count ({self.ready_count}): the pool's "
+                "ceiling cannot be under its floor"
+            )
+        return self
 
 
 class KubernetesPolicy(Section):

@@ -10,9 +10,18 @@ manager records the sandbox as the conversation's (:meth:`SandboxManager.adopt`)
 ends like any conversation's sandbox (close, reap, delete), and is replaced instead of restarted (a restart would
 bind the slot's old path again). No pooled sandbox ever serves a second conversation.
 
-The pool's job (:meth:`WarmPool.tend`) keeps ``pool.ready_count`` sandboxes ready: it is woken after every take,
-replaces one that waited longer than ``pool.max_wait_s`` or stopped, and after a failed start tries again only
-after ``pool.retry_after_s``. :meth:`WarmPool.close` (with the runtime) removes every sandbox still waiting, with its
+The pool follows demand (:meth:`WarmPool.target`): it keeps ready as many sandboxes as new conversations asked for
+one within ``pool.demand_window_s`` (hit or miss), never fewer than ``pool.ready_count`` (its floor) nor more than
+``pool.max_ready_count`` (its ceiling), and no more than its floor while the host's available memory is under
+``pool.host_memory_available_min_bytes``. So a burst of new conversations raises it to the burst's size for the next
+one, and a quiet spell lowers it back as the asks age out of the window.
+
+The pool's job (:meth:`WarmPool.tend`) removes what waits past the target, replaces sandboxes that waited longer
+than ``pool.max_wait_s`` or stopped, and starts what is missing, ``pool.starts_at_once_max`` side by side (each
+start that ends wakes the job for the next); after a failed start it tries again only after ``pool.retry_after_s``.
+It grows past its floor only once new conversations stopped asking for ``_GROW_QUIET_S`` (or after it held off
+``_GROW_HOLD_MAX_S``, for a steady stream): a burst's own first results go first, its starts would slow them.
+It is woken after every take. :meth:`WarmPool.close` (with the runtime) removes every sandbox still waiting, with its
 slot. Pooled sandboxes of a process that ended are removed by any runtime's start-up sweep and ``gc``, whatever
 their policy (:meth:`SandboxManager.sweep_orphans`); a live process's pool is its own, so a runtime started under
 another policy never takes a sandbox made under the old one.
@@ -26,6 +35,7 @@ import secrets
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import NamedTuple, Protocol
 
 from sandbox_runtime.errors import SandboxRuntimeError
@@ -35,7 +45,7 @@ from sandbox_runtime.sandbox.labels import LABEL_CREATED_AT, LABEL_POOL_SLOT
 from sandbox_runtime.sandbox.manager import SandboxManager
 from sandbox_runtime.sandbox.manager_models import ResultsFolder
 
-__all__ = ["Pooled", "SlotFolders", "WarmPool"]
+__all__ = ["Pooled", "SlotFolders", "WarmPool", "host_memory_available_bytes"]
 
 logger = logging.getLogger(__name__)
 
@@ -43,6 +53,25 @@ _TEND_INTERVAL_MAX_S = 60.0  # the job also looks unasked this often (stale or s
 # close waits this long for a start in flight (a self-check, a sandbox start and its executor: seconds; a loaded
 # host: tens); what is left after it is removed by the owner's close all the same (its slots, by lease)
 _CLOSE_WAIT_S = 120.0
+# the pool grows past its floor once no new conversation asked for this long (a burst's first results, warm or
+# cold, are under way until then: starts of the pool's own would compete with them for the CPU and the engine) ...
+_GROW_QUIET_S = 1.0
+# ... or once it held off this long (new conversations that keep coming, never a second apart)
+_GROW_HOLD_MAX_S = 10.0
+_MEMINFO = "/proc/meminfo"
+
+
+def host_memory_available_bytes() -> int | None:
+    """The memory this host has available for new processes (``MemAvailable``); None where it cannot be read (no
+    ``/proc``: then the pool's memory bound does not apply)."""
+    try:
+        with open(_MEMINFO, encoding="ascii") as meminfo:
+            for line in meminfo:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024  # the kernel says kB, meaning KiB
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
 
 
 class Pooled(NamedTuple):
@@ -73,29 +102,57 @@ class WarmPool:
         slots: SlotFolders,
         request: RunRequest,
         *,
+        refill: bool = True,
         clock: Callable[[], float] = time.monotonic,
+        memory_available: Callable[[], int | None] = host_memory_available_bytes,
     ) -> None:
         self._policy = policy
         self._manager = manager
         self._slots = slots
         self._request = request  # the executor is loaded for requests like this one (every run_python's)
+        self._refill = refill  # False: for one new conversation only (none kept after its take)
         self._clock = clock
+        self._memory_available = memory_available
         self._ready: collections.deque[Pooled] = collections.deque()
+        # when new conversations asked for a sandbox (monotonic): the target never exceeds the ceiling, so the
+        # asks past it need not be kept
+        self._asks: collections.deque[float] = collections.deque(maxlen=max(1, policy.max_ready_count))
+        self._taken = 0
+        self._held_since: float | None = None  # since when growth waits for the asks to settle
+        self._wake_timer: threading.Timer | None = None
         self._changed = threading.Condition()
         self._failed_at: float | None = None
-        self._starting = 0  # starts in flight in the job (close waits for them: what they made goes too)
+        self._starting = 0  # starts in flight (close waits for them: what they made goes too)
         self._closed = False
+        self._starter = ThreadPoolExecutor(max_workers=policy.starts_at_once_max, thread_name_prefix="pool-start")
         self.wake: Callable[[], None] = lambda: None  # set by whoever runs tend() as a job
 
     @property
-    def size(self) -> int:
-        """How many sandboxes the pool keeps ready."""
-        return self._policy.ready_count
-
-    @property
     def interval_s(self) -> float:
-        """How often the job looks at the pool unasked."""
-        return min(_TEND_INTERVAL_MAX_S, self._policy.retry_after_s, self._policy.max_wait_s / 4)
+        """How often the job looks at the pool unasked (often enough to follow the demand window too)."""
+        policy = self._policy
+        return min(_TEND_INTERVAL_MAX_S, policy.retry_after_s, policy.max_wait_s / 4, policy.demand_window_s / 4)
+
+    def target(self) -> int:
+        """How many sandboxes the pool keeps ready now: as many as new conversations asked for one within
+        ``demand_window_s``, at least ``ready_count``, at most ``max_ready_count``; only ``ready_count`` while the
+        host's available memory is under ``host_memory_available_min_bytes``; none once a pool for one new
+        conversation handed its sandbox out."""
+        policy = self._policy
+        if not self._refill and self._taken:
+            return 0
+        since = self._clock() - policy.demand_window_s
+        with self._changed:
+            asked = sum(1 for at in self._asks if at >= since)
+        wanted = min(policy.max_ready_count, max(policy.ready_count, asked))
+        if wanted > policy.ready_count and self._memory_short():
+            return policy.ready_count
+        return wanted
+
+    def _memory_short(self) -> bool:
+        floor = self._policy.host_memory_available_min_bytes
+        available = self._memory_available() if floor else None
+        return available is not None and available < floor
 
     def ready(self) -> int:
         """How many sandboxes wait now."""
@@ -108,19 +165,27 @@ class WarmPool:
             return self._starting
 
     def wait_until_ready(self, count: int | None = None, *, timeout_s: float) -> bool:
-        """Wait (at most ``timeout_s``) until ``count`` sandboxes (default: the pool's size) wait; whether they do."""
-        wanted = self.size if count is None else count
+        """Wait (at most ``timeout_s``) until ``count`` sandboxes (default: the pool's target now) wait; whether they
+        do."""
+        wanted = self.target() if count is None else count
         with self._changed:
             return self._changed.wait_for(lambda: len(self._ready) >= wanted, timeout=timeout_s)
 
+    def wait_for_starts(self, *, timeout_s: float) -> bool:
+        """Wait (at most ``timeout_s``) until no start is in flight; whether none is."""
+        with self._changed:
+            return self._changed.wait_for(lambda: self._starting == 0, timeout=timeout_s)
+
     def take(self) -> Pooled | None:
         """The ready sandbox that waited longest (never one past ``max_wait_s``), now the caller's alone; None when
-        none waits. The job starts another in its place."""
+        none waits. Either way the ask counts towards the pool's target, and the job starts another in its place."""
         now = self._clock()
         with self._changed:
+            self._asks.append(now)
             taken = next((p for p in self._ready if now - p.ready_at <= self._policy.max_wait_s), None)
             if taken is not None:
                 self._ready.remove(taken)  # stale ones stay for the job to replace
+                self._taken += 1
             self._changed.notify_all()
         self.wake()
         return taken
@@ -131,23 +196,72 @@ class WarmPool:
 
     # the job ---------------------------------------------------------------------------------------------
     def tend(self) -> None:
-        """One round of the pool's job: remove sandboxes that waited too long or stopped, then start new ones until
-        ``size`` wait (not within ``retry_after_s`` of a failed start)."""
+        """One round of the pool's job: remove sandboxes that waited too long or stopped, and those past the target;
+        then start what is missing, at most ``starts_at_once_max`` side by side (not within ``retry_after_s`` of a
+        failed start; past the floor only once the asks settled). Returns at once: each start that ends wakes the
+        job again, and so does a timer when growth waits."""
         self._retire_unfit()
-        while True:
+        target = self.target()
+        self._shrink_to(target)
+        with self._changed:
+            if self._closed:
+                return
+            now = self._clock()
+            if self._failed_at is not None and now - self._failed_at < self._policy.retry_after_s:
+                return
+            have = len(self._ready) + self._starting
+            missing = target - have
+            if missing > self._policy.ready_count - have:  # growth, not a refill to the floor
+                held_for_s = self._growth_held_for_s(now)
+                if held_for_s > 0:
+                    missing = self._policy.ready_count - have
+                    self._wake_in(held_for_s)
+            batch = min(missing, self._policy.starts_at_once_max - self._starting)
+            if batch <= 0:
+                return
+            self._starting += batch
+        for _ in range(batch):
+            self._starter.submit(self._start_in_flight)
+
+    def _growth_held_for_s(self, now: float) -> float:
+        """How much longer growth waits (0: it may grow now). Under the pool's lock."""
+        last_ask = self._asks[-1] if self._asks else None
+        if last_ask is None or now - last_ask >= _GROW_QUIET_S:
+            self._held_since = None
+            return 0.0
+        if self._held_since is None:
+            self._held_since = now
+        return max(0.0, min(last_ask + _GROW_QUIET_S, self._held_since + _GROW_HOLD_MAX_S) - now)
+
+    def _wake_in(self, delay_s: float) -> None:
+        """Wake the job in ``delay_s`` (one timer at a time: the asks only move the moment later, and a round that
+        comes too early sets another). Under the pool's lock."""
+        if self._wake_timer is not None and self._wake_timer.is_alive():
+            return
+        self._wake_timer = threading.Timer(delay_s, self.wake)
+        self._wake_timer.daemon = True
+        self._wake_timer.start()
+
+    def _start_in_flight(self) -> None:
+        started = False
+        try:
+            started = self._start_and_keep()
+        except Exception:  # a thread of the pool's own: what no one else would hear of is logged
+            logger.exception("the warm pool's start failed unexpectedly")
+            self._failed_at = self._clock()
+        finally:
             with self._changed:
-                if self._closed or len(self._ready) >= self.size:
-                    return
-                if self._failed_at is not None and self._clock() - self._failed_at < self._policy.retry_after_s:
-                    return
-                self._starting += 1
-            try:
-                if not self._start_and_keep():
-                    return
-            finally:
-                with self._changed:
-                    self._starting -= 1
-                    self._changed.notify_all()
+                self._starting -= 1
+                self._changed.notify_all()
+        if started:
+            self.wake()  # the job starts the next ones, up to the target
+
+    def _shrink_to(self, target: int) -> None:
+        """Remove the sandboxes that wait past ``target``, those that waited longest first."""
+        with self._changed:
+            excess = [self._ready.popleft() for _ in range(max(0, len(self._ready) - target))]
+        for pooled in excess:
+            self._remove(pooled, f"the pool keeps {target} ready now")
 
     def _start_and_keep(self) -> bool:
         """Start one sandbox and keep it ready (removed at once when the pool closed meanwhile); False when the
@@ -225,6 +339,8 @@ class WarmPool:
                 self._remove(pooled, "the pool closed")
             except (SandboxRuntimeError, OSError) as exc:
                 logger.warning("could not remove pooled sandbox %s: %s", pooled.container_id[:12], exc)
-        with self._changed:
-            if not self._changed.wait_for(lambda: self._starting == 0, timeout=_CLOSE_WAIT_S):
-                logger.warning("a pooled sandbox was still starting %g s after the pool closed", _CLOSE_WAIT_S)
+        if self._wake_timer is not None:
+            self._wake_timer.cancel()
+        if not self.wait_for_starts(timeout_s=_CLOSE_WAIT_S):
+            logger.warning("a pooled sandbox was still starting %g s after the pool closed", _CLOSE_WAIT_S)
+        self._starter.shutdown(wait=False)
