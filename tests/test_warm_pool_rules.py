@@ -42,9 +42,16 @@ class _Clock:
         return self.now
 
 
-def _pool_of(runtime: Runtime, clock: _Clock, memory_available_bytes: int = 8 * GiB, **pool: object) -> WarmPool:
-    """A pool tended by the test itself (no job thread), on the runtime's manager and slots, with a test clock and
-    the host's available memory as the test says."""
+def _pool_of(
+    runtime: Runtime,
+    clock: _Clock,
+    memory_available_bytes: int = 8 * GiB,
+    cold_starts: list[int] | None = None,
+    **pool: object,
+) -> WarmPool:
+    """A pool tended by the test itself (no job thread), on the runtime's manager and slots, with a test clock, the
+    host's available memory, and the conversations' sandboxes starting (``cold_starts[0]``) as the test says."""
+    cold = [0] if cold_starts is None else cold_starts
     policy = runtime.policy.pool.model_copy(update=pool)
     request = run_request(runtime.policy, 10.0, (PYTHON, "-c", "pass"))
     return WarmPool(
@@ -54,6 +61,7 @@ def _pool_of(runtime: Runtime, clock: _Clock, memory_available_bytes: int = 8 * 
         request,
         clock=clock,
         memory_available=lambda: memory_available_bytes,
+        cold_starts=lambda: cold[0],
     )
 
 
@@ -147,6 +155,7 @@ def test_a_pooled_sandbox_that_waited_past_max_wait_s_is_never_handed_out_and_is
 
     clock.now += 601
     assert pool.take() is None  # stale: not handed out
+    clock.now += 1
     _tended(pool)
     (new,) = _pooled_containers(runtime)
     assert new.id != old.id
@@ -203,15 +212,22 @@ def test_the_pool_grows_with_the_new_conversations_of_its_window_up_to_its_ceili
     runtime_factory: RuntimeFactory, fake_backend: FakeBackend, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     runtime = runtime_factory()
-    clock = _Clock()
-    pool = _pool_of(runtime, clock, ready_count=1, max_ready_count=5, demand_window_s=60, starts_at_once_max=2)
+    clock, cold = _Clock(), [0]
+    pool = _pool_of(
+        runtime, clock, cold_starts=cold, ready_count=1, max_ready_count=5, demand_window_s=60, starts_at_once_max=2
+    )
     assert _filled(pool) == 1  # quiet: the floor
 
     taken = [pool.take() for _ in range(4)]  # a burst of four new conversations: one hit, three misses
     assert sum(t is not None for t in taken) == 1
     assert pool.target() == 4
-    assert _tended(pool).ready() == 1  # while new conversations ask, only back to the floor: the burst goes first
-    clock.now += 1  # the asks settled
+    assert _tended(pool).ready() == 0  # while new conversations ask, the pool starts nothing: the burst goes first
+    clock.now += 0.25
+    assert _tended(pool).ready() == 1  # a moment later, back to its floor
+    clock.now += 0.75  # the asks settled ...
+    cold[0] = 3
+    assert _tended(pool).ready() == 1  # ... but the three that found none ready are still starting theirs
+    cold[0] = 0
     meeting, start = threading.Barrier(2, timeout=READY_WITHIN_S), fake_backend.create_and_start
 
     def side_by_side(spec: ContainerSpec) -> ContainerInfo:
@@ -219,7 +235,7 @@ def test_the_pool_grows_with_the_new_conversations_of_its_window_up_to_its_ceili
         return start(spec)
 
     monkeypatch.setattr(fake_backend, "create_and_start", side_by_side)
-    assert _tended(pool).ready() == 3  # two more, side by side: starts_at_once_max
+    assert _tended(pool).ready() == 3  # it grows: two more, side by side (starts_at_once_max)
     monkeypatch.undo()
     assert _filled(pool) == 4  # the next burst of four finds them ready
 
@@ -252,6 +268,7 @@ def test_the_pool_grows_past_its_floor_only_while_the_host_has_memory_available(
     for _ in range(6):
         short.take()
     assert short.target() == 1  # under host_memory_available_min_bytes (1 GiB): the floor only
+    clock.now += 1
     assert _filled(short) == 1
     short.close()
 

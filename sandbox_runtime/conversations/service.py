@@ -86,13 +86,15 @@ class ConversationService:
         self.volumes = QuotaVolumes(manager=self.manager, store=store, state=state)
         self.slots = PoolSlots(store, self.manager.lease.id)
         self.pool: WarmPool | None = None
+        self._cold_starts = 0
+        self._cold_start_guard = threading.Lock()
 
     def start_pool(self, policy: PoolPolicy, *, refill: bool = True) -> WarmPool:
         """Make the warm pool ``policy`` describes (``refill=False``: for one new conversation only); its owner runs
         :meth:`WarmPool.tend` as a job."""
         # the executor is loaded for every run_python's requests (they differ only in program and time limit)
         request = run_request(self.policy, self.policy.run.default_timeout_s, (PYTHON, "-c", "pass"))
-        self.pool = WarmPool(self.manager, policy, self.slots, request, refill=refill)
+        self.pool = WarmPool(self.manager, policy, self.slots, request, refill=refill, cold_starts=self.cold_starts)
         return self.pool
 
     def is_new(self, conversation_id: str) -> bool:
@@ -263,10 +265,19 @@ class ConversationService:
                     waited_s=self.manager.clock() - started,
                 )
             time.sleep(_SHARE_LOOK_S)  # another conversation's sandbox may end (reaped, closed) meanwhile
+        with self._cold_start_guard:
+            self._cold_starts += 1
         try:
             return self.manager.get_or_create(conversation_id, lambda: self._bind(conversation_id))
         finally:
             leases.end_start(lease_id, conversation_id)  # the sandbox's record counts now (or none was made)
+            with self._cold_start_guard:
+                self._cold_starts -= 1
+
+    def cold_starts(self) -> int:
+        """How many conversations' sandboxes this process is starting now (the warm pool grows only after them)."""
+        with self._cold_start_guard:
+            return self._cold_starts
 
     def handle(self, conversation_id: str, folders: ConversationFolders | None = None) -> SandboxHandle:
         """What a tool uses of the conversation's sandbox (``folders``: already made for this call)."""

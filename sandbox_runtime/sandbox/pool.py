@@ -19,8 +19,10 @@ one, and a quiet spell lowers it back as the asks age out of the window.
 The pool's job (:meth:`WarmPool.tend`) removes what waits past the target, replaces sandboxes that waited longer
 than ``pool.max_wait_s`` or stopped, and starts what is missing, ``pool.starts_at_once_max`` side by side (each
 start that ends wakes the job for the next); after a failed start it tries again only after ``pool.retry_after_s``.
-It grows past its floor only once new conversations stopped asking for ``_GROW_QUIET_S`` (or after it held off
-``_GROW_HOLD_MAX_S``, for a steady stream): a burst's own first results go first, its starts would slow them.
+While new conversations ask, it waits: it refills to its floor once none asked for ``_REFILL_QUIET_S`` and grows
+past it once none asked for ``_GROW_QUIET_S`` and the sandboxes of those that found none ready have started (never
+holding off longer than ``_HOLD_MAX_S``, for a steady stream): a burst's own first results go first, the pool's
+starts would slow them.
 It is woken after every take. :meth:`WarmPool.close` (with the runtime) removes every sandbox still waiting, with its
 slot. Pooled sandboxes of a process that ended are removed by any runtime's start-up sweep and ``gc``, whatever
 their policy (:meth:`SandboxManager.sweep_orphans`); a live process's pool is its own, so a runtime started under
@@ -31,6 +33,7 @@ from __future__ import annotations
 
 import collections
 import logging
+import math
 import secrets
 import threading
 import time
@@ -53,11 +56,16 @@ _TEND_INTERVAL_MAX_S = 60.0  # the job also looks unasked this often (stale or s
 # close waits this long for a start in flight (a self-check, a sandbox start and its executor: seconds; a loaded
 # host: tens); what is left after it is removed by the owner's close all the same (its slots, by lease)
 _CLOSE_WAIT_S = 120.0
-# the pool grows past its floor once no new conversation asked for this long (a burst's first results, warm or
-# cold, are under way until then: starts of the pool's own would compete with them for the CPU and the engine) ...
+# while new conversations ask, their first results are under way (taken sandboxes' first runs, cold starts), and
+# the pool's own starts would compete with them for the CPU and the engine: it refills to its floor once none
+# asked for this long (a burst's asks come within milliseconds, a steady stream's further apart) ...
+_REFILL_QUIET_S = 0.25
+# ... and grows past its floor once none asked for this long, and no cold start of a conversation is under way
+# (looking again this often) ...
 _GROW_QUIET_S = 1.0
+_COLD_LOOK_S = 0.25
 # ... or once it held off this long (new conversations that keep coming, never a second apart)
-_GROW_HOLD_MAX_S = 10.0
+_HOLD_MAX_S = 10.0
 _MEMINFO = "/proc/meminfo"
 
 
@@ -105,6 +113,7 @@ class WarmPool:
         refill: bool = True,
         clock: Callable[[], float] = time.monotonic,
         memory_available: Callable[[], int | None] = host_memory_available_bytes,
+        cold_starts: Callable[[], int] = lambda: 0,
     ) -> None:
         self._policy = policy
         self._manager = manager
@@ -113,12 +122,13 @@ class WarmPool:
         self._refill = refill  # False: for one new conversation only (none kept after its take)
         self._clock = clock
         self._memory_available = memory_available
+        self._cold_starts = cold_starts  # conversations' sandboxes the owner is starting now (they go first)
         self._ready: collections.deque[Pooled] = collections.deque()
         # when new conversations asked for a sandbox (monotonic): the target never exceeds the ceiling, so the
         # asks past it need not be kept
         self._asks: collections.deque[float] = collections.deque(maxlen=max(1, policy.max_ready_count))
         self._taken = 0
-        self._held_since: float | None = None  # since when growth waits for the asks to settle
+        self._held_since: float | None = None  # since when starts wait for the asks to settle
         self._wake_timer: threading.Timer | None = None
         self._changed = threading.Condition()
         self._failed_at: float | None = None
@@ -211,11 +221,10 @@ class WarmPool:
                 return
             have = len(self._ready) + self._starting
             missing = target - have
-            if missing > self._policy.ready_count - have:  # growth, not a refill to the floor
-                held_for_s = self._growth_held_for_s(now)
-                if held_for_s > 0:
-                    missing = self._policy.ready_count - have
-                    self._wake_in(held_for_s)
+            if missing > 0:
+                missing, look_again_s = self._startable(now, missing, self._policy.ready_count - have)
+                if look_again_s > 0:
+                    self._wake_in(look_again_s)
             batch = min(missing, self._policy.starts_at_once_max - self._starting)
             if batch <= 0:
                 return
@@ -223,15 +232,23 @@ class WarmPool:
         for _ in range(batch):
             self._starter.submit(self._start_in_flight)
 
-    def _growth_held_for_s(self, now: float) -> float:
-        """How much longer growth waits (0: it may grow now). Under the pool's lock."""
-        last_ask = self._asks[-1] if self._asks else None
-        if last_ask is None or now - last_ask >= _GROW_QUIET_S:
+    def _startable(self, now: float, missing: int, below_floor: int) -> tuple[int, float]:
+        """How many of the ``missing`` sandboxes may start now (``below_floor`` of them refill the floor), and in how
+        many seconds to look again (0: no need); see ``_REFILL_QUIET_S``. Under the pool's lock."""
+        last_ask = self._asks[-1] if self._asks else -math.inf
+        cold = self._cold_starts() > 0
+        if now - last_ask >= _GROW_QUIET_S and not cold:
             self._held_since = None
-            return 0.0
+            return missing, 0.0
         if self._held_since is None:
             self._held_since = now
-        return max(0.0, min(last_ask + _GROW_QUIET_S, self._held_since + _GROW_HOLD_MAX_S) - now)
+        until = self._held_since + _HOLD_MAX_S
+        if now >= until:
+            return missing, 0.0
+        if now - last_ask >= _REFILL_QUIET_S:
+            look_again = max(last_ask + _GROW_QUIET_S - now, _COLD_LOOK_S if cold else 0.0)
+            return max(0, min(missing, below_floor)), min(look_again, until - now)
+        return 0, min(last_ask + _REFILL_QUIET_S, until) - now
 
     def _wake_in(self, delay_s: float) -> None:
         """Wake the job in ``delay_s`` (one timer at a time: the asks only move the moment later, and a round that
