@@ -22,8 +22,7 @@ start that ends wakes the job for the next); after a failed start it tries again
 While new conversations ask, it waits: it refills to its floor once none asked for ``_REFILL_QUIET_S`` and grows
 past it once none asked for ``_GROW_QUIET_S`` and the sandboxes of those that found none ready have started (never
 holding off longer than ``_HOLD_MAX_S``, for a steady stream): a burst's own first results go first, the pool's
-starts would slow them.
-It is woken after every take. :meth:`WarmPool.close` (with the runtime) removes every sandbox still waiting, with its
+starts would slow them. It is woken after every take. :meth:`WarmPool.close` (with the runtime) removes every sandbox still waiting, with its
 slot. Pooled sandboxes of a process that ended are removed by any runtime's start-up sweep and ``gc``, whatever
 their policy (:meth:`SandboxManager.sweep_orphans`); a live process's pool is its own, so a runtime started under
 another policy never takes a sandbox made under the old one.
@@ -208,8 +207,8 @@ class WarmPool:
     def tend(self) -> None:
         """One round of the pool's job: remove sandboxes that waited too long or stopped, and those past the target;
         then start what is missing, at most ``starts_at_once_max`` side by side (not within ``retry_after_s`` of a
-        failed start; past the floor only once the asks settled). Returns at once: each start that ends wakes the
-        job again, and so does a timer when growth waits."""
+        failed start; only once the asks settled). Returns at once: each start that ends wakes the job again, and
+        so does a timer while starts wait for the asks to settle."""
         self._retire_unfit()
         target = self.target()
         self._shrink_to(target)
