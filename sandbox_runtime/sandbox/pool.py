@@ -22,10 +22,10 @@ start that ends wakes the job for the next); after a failed start it tries again
 While new conversations ask, it waits: it refills to its floor once none asked for ``_REFILL_QUIET_S`` and grows
 past it once none asked for ``_GROW_QUIET_S`` and the sandboxes of those that found none ready have started (never
 holding off longer than ``_HOLD_MAX_S``, for a steady stream): a burst's own first results go first, the pool's
-starts would slow them. It is woken after every take. :meth:`WarmPool.close` (with the runtime) removes every sandbox still waiting, with its
-slot. Pooled sandboxes of a process that ended are removed by any runtime's start-up sweep and ``gc``, whatever
-their policy (:meth:`SandboxManager.sweep_orphans`); a live process's pool is its own, so a runtime started under
-another policy never takes a sandbox made under the old one.
+starts would slow them. It is woken after every take. :meth:`WarmPool.close` (with the runtime) removes every
+sandbox still waiting, with its slot. Pooled sandboxes of a process that ended are removed by any runtime's start-up
+sweep and ``gc``, whatever their policy (:meth:`SandboxManager.sweep_orphans`); a live process's pool is its own, so
+a runtime started under another policy never takes a sandbox made under the old one.
 """
 
 from __future__ import annotations
