@@ -65,6 +65,8 @@ _GROW_QUIET_S = 1.0
 _COLD_LOOK_S = 0.25
 # ... or once it held off this long (new conversations that keep coming, never a second apart)
 _HOLD_MAX_S = 10.0
+# the engine is asked whether the waiting sandboxes still run at most this often
+_STOPPED_LOOK_S = 5.0
 _MEMINFO = "/proc/meminfo"
 
 
@@ -128,6 +130,7 @@ class WarmPool:
         self._asks: collections.deque[float] = collections.deque(maxlen=max(1, policy.max_ready_count))
         self._taken = 0
         self._held_since: float | None = None  # since when starts wait for the asks to settle
+        self._looked_at: float | None = None  # when the engine was last asked whether the waiting ones run
         self._wake_timer: threading.Timer | None = None
         self._changed = threading.Condition()
         self._failed_at: float | None = None
@@ -318,10 +321,16 @@ class WarmPool:
         return pooled._replace(ready_at=self._clock())
 
     def _retire_unfit(self) -> None:
+        """Remove the sandboxes that waited past ``max_wait_s``, and those the engine shows stopped (asked at most
+        every ``_STOPPED_LOOK_S``: a round comes after every take and every start)."""
         now = self._clock()
         with self._changed:
             stale = [p for p in self._ready if now - p.ready_at > self._policy.max_wait_s]
             waiting = [p for p in self._ready if p not in stale]
+            if waiting and (self._looked_at is None or now - self._looked_at >= _STOPPED_LOOK_S):
+                self._looked_at = now
+            else:
+                waiting = []
         stopped = []
         for pooled in waiting:
             info = self._manager.backend.inspect(pooled.container_id)
