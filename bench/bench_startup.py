@@ -207,14 +207,14 @@ def pool_part(bench: Startup, pooled: Runtime, n: int) -> None:
     if pool is None or not pool.wait_until_ready(timeout_s=WAIT_S):
         raise RuntimeError("the pool did not fill")
     print(f"\nthe pool (at rest: {pool.ready()} ready, ceiling {n}) under two bursts of {n} new conversations")
-    for burst in ("burst 1 (from its floor)", "burst 2 (once it grew)"):
+    for number, burst in enumerate(("burst 1 (from its floor)", "burst 2 (once it grew)")):
         before = {record.id for record in pooled.state.conversations()}
         wall, each = bench.burst(pooled, n)
         records = [record for record in pooled.state.conversations() if record.id not in before]
         took = sum(1 for record in records if pooled.conversation_by_key(record.id).sandbox().pooled)
         line(f"{burst}: {took} of {n} pooled, wall {wall:.2f} s", each, 1000, "ms")
         print(f"  p95 {percentile(each, 95) * 1000:.1f} ms")
-        if burst.startswith("burst 1"):
+        if number == 0:
             growing = time.monotonic()
             if not pool.wait_until_ready(n, timeout_s=WAIT_S):
                 raise RuntimeError(f"the pool did not grow to {n}: {pool.ready()} ready, target {pool.target()}")
