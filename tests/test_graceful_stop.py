@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import queue
+import re
 import signal
 import sqlite3
 import subprocess
@@ -178,6 +179,29 @@ def test_a_second_signal_cancels_at_once_instead_of_waiting_out_the_grace(
     assert _leases(state) == 0
     runtime = fake_runtime_factory(state_dir=state)
     assert [c.status for c in runtime.conversation("impatient").calls()] == ["cancelled"]
+
+
+@pytest.mark.process
+@pytest.mark.parametrize("transport", ["http", "stdio"])
+def test_a_sigterm_right_after_the_server_says_it_serves_stops_it(
+    fake_served_state: Path, tmp_path: Path, transport: str
+) -> None:
+    """A service manager that stops the server as soon as it is up (a unit stopped during boot, a failed readiness
+    probe): the signal is heard however soon it comes, never lost between start-up and the serving loop."""
+    state = fake_served_state
+    policy = tmp_path / "fake.toml"
+    policy.write_text(FAKE_POLICY)
+    served = ("--http", "127.0.0.1:0") if transport == "http" else ()
+    command = serve_command(state, *served, policy=policy)
+    with serve_process(command, stdin=subprocess.PIPE) as (process, lines):  # stdio: its client stays connected
+        last_before_serving = r"serving MCP at " if transport == "http" else r"\d+ tools: "
+        deadline = time.monotonic() + POOL_READY_S
+        while not re.match(last_before_serving, lines.get(timeout=max(0.1, deadline - time.monotonic())) or ""):
+            assert process.poll() is None, "serve ended before it served"
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(timeout=STOPPED_WITHIN_S) == 0
+    assert mounts_under(state) == []
+    assert _leases(state) == 0
 
 
 def test_sigint_to_a_stdio_server_answers_its_call_as_cancelled_and_exits_0(

@@ -170,7 +170,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         if early.received:
             say("stopped before serving: a stop signal came during start-up")
         elif listener is None:
-            serve_stdio(service)
+            serve_stdio(service, signalled_before=lambda: early.received)
             early.again()
             if client.alive():  # the session ended, not (yet) the client: a watcher ends the sandbox after it
                 start_watcher(runtime.state_dir, args.policy, client, service.default_conversation)
@@ -184,6 +184,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
                 token=token,
                 on_ready=lambda url: say(f"serving MCP at {url}"),
                 listener=listener,
+                signalled_before=lambda: early.received,
             )
             early.again()
     return 0

@@ -95,11 +95,17 @@ async def serve_until_signalled(
     calls: CallsInFlight,
     *,
     grace_s: float,
+    signalled_before: Callable[[], bool] = lambda: False,
+    on_ready: Callable[[], None] | None = None,
 ) -> None:
     """Run ``serve`` until it returns or a stop signal ends it (see the module text): ``stop`` asks the transport
     to end (it is called from the event loop, once the calls ended or were given up on). Must run in the main
-    thread (signals are delivered there; elsewhere it only serves)."""
+    thread (signals are delivered there; elsewhere it only serves). ``on_ready`` is called once signals are heard
+    here (a server says it serves only then); ``signalled_before`` says whether a stop signal came before (one
+    that start-up noted after it last looked): the stop then begins at once."""
     if threading.current_thread() is not threading.main_thread():
+        if on_ready is not None:
+            on_ready()
         await serve()
         return
     async with anyio.create_task_group() as group:
@@ -112,22 +118,28 @@ async def serve_until_signalled(
                 await anyio.to_thread.run_sync(calls.wait_until_idle, _CANCELLED_WAIT_S, abandon_on_cancel=True)
             await stop()
 
+        def heard(name: str) -> None:
+            if not calls.stopping:
+                calls.stop_taking_calls()
+                logger.warning(
+                    "%s: stopping; %d calls in flight may finish within %g s (a second signal: at once)",
+                    name,
+                    calls.count(),
+                    grace_s,
+                )
+                group.start_soon(drain_then_stop)
+            else:
+                logger.warning("%s again: cancelling %d calls and stopping now", name, calls.cancel_all())
+                group.start_soon(stop)
+
         async def watch() -> None:
             with anyio.open_signal_receiver(*STOP_SIGNALS) as signals:
+                if signalled_before():
+                    heard("a stop signal during start-up")
+                if on_ready is not None:
+                    on_ready()
                 async for signum in signals:
-                    name = signal.Signals(signum).name
-                    if not calls.stopping:
-                        calls.stop_taking_calls()
-                        logger.warning(
-                            "%s: stopping; %d calls in flight may finish within %g s (a second signal: at once)",
-                            name,
-                            calls.count(),
-                            grace_s,
-                        )
-                        group.start_soon(drain_then_stop)
-                    else:
-                        logger.warning("%s again: cancelling %d calls and stopping now", name, calls.cancel_all())
-                        group.start_soon(stop)
+                    heard(signal.Signals(signum).name)
 
         group.start_soon(watch)
         await serve()

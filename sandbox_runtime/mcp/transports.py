@@ -88,8 +88,9 @@ def is_loopback(host: str) -> bool:
         return False
 
 
-def serve_stdio(service: McpService) -> None:
-    """Serve one client on stdin/stdout until it disconnects.
+def serve_stdio(service: McpService, *, signalled_before: Callable[[], bool] = lambda: False) -> None:
+    """Serve one client on stdin/stdout until it disconnects (or a stop signal: ``signalled_before`` says whether
+    one came during start-up, after it last looked).
 
     Only the handshake era (2025-06-18 … 2025-11-25) is served, so a client that probes for the stateless
     2026-07-28 protocol falls back to ``initialize`` — and approvals can be asked by elicitation.
@@ -114,7 +115,9 @@ def serve_stdio(service: McpService) -> None:
                         await anyio.sleep(_LAST_ANSWERS_S)  # the answers of the calls that just ended reach stdout
                         serving.cancel()
 
-                    await serve_until_signalled(serve, stop, service.calls, grace_s=grace_s)
+                    await serve_until_signalled(
+                        serve, stop, service.calls, grace_s=grace_s, signalled_before=signalled_before
+                    )
             finally:
                 lines.close_streams()
 
@@ -302,8 +305,11 @@ def serve_http(
     token: str | None,
     on_ready: Callable[[str], None] | None = None,
     listener: socket.socket | None = None,
+    signalled_before: Callable[[], bool] = lambda: False,
 ) -> None:
-    """Serve streamable HTTP until interrupted; ``on_ready`` gets the endpoint URL once the port listens.
+    """Serve streamable HTTP until interrupted; ``on_ready`` gets the endpoint URL once the port listens and a stop
+    signal is heard (``signalled_before`` says whether one came during start-up, after it last looked: the stop
+    then begins at once).
 
     ``listener`` is a socket from :func:`listen` (bound earlier, e.g. before the runtime started); without one
     the socket is bound here first. Either way port 0 gives a free port and its number is known at once. The
@@ -312,9 +318,8 @@ def serve_http(
     with listener if listener is not None else listen(host, port) as bound:
         bound_host, bound_port = bound.getsockname()[:2]
         app = http_app(service, host, token, port=bound_port, bound_address=bound_host)
-        if on_ready is not None:
-            shown = f"[{bound_host}]" if ":" in bound_host else bound_host
-            on_ready(f"http://{shown}:{bound_port}{MCP_HTTP_PATH}")
+        shown = f"[{bound_host}]" if ":" in bound_host else bound_host
+        url = f"http://{shown}:{bound_port}{MCP_HTTP_PATH}"
         mcp = service.runtime.policy.mcp
         app = RefuseWhileStopping(app, service.calls, mcp.shutdown_retry_after_s)
         config = uvicorn.Config(  # its records go to the root logger: in the format the command chose (JSON, say)
@@ -332,7 +337,17 @@ def serve_http(
         async def stop() -> None:
             server.should_exit = True  # uvicorn sends what is being answered (bounded), then ends
 
-        anyio.run(functools.partial(serve_until_signalled, serve, stop, service.calls, grace_s=mcp.shutdown_grace_s))
+        anyio.run(
+            functools.partial(
+                serve_until_signalled,
+                serve,
+                stop,
+                service.calls,
+                grace_s=mcp.shutdown_grace_s,
+                signalled_before=signalled_before,
+                on_ready=None if on_ready is None else functools.partial(on_ready, url),
+            )
+        )
 
 
 class _Server(uvicorn.Server):
