@@ -206,12 +206,15 @@ class ResidentExecutors:
             self.restarts += 1
         self.forget(container_id)
 
-    def forget(self, container_id: str) -> None:
-        """End the container's executor, if it has one (its sandbox is restarted or removed, or it is done)."""
+    def forget(self, container_id: str) -> bool:
+        """End the container's executor, if it has one (its sandbox is restarted or removed, or it is done); whether
+        one was ended (one serving a run or opening is left to it)."""
         with self._guard:
             channel = self._channels.pop(container_id, None)
-        if channel is not None and not channel.busy:
-            channel.close()
+        if channel is None or channel.busy:
+            return False
+        channel.close()
+        return True
 
     def discard(self, container_id: str) -> None:
         """The container is removed: end its executor and forget what its runs used."""
@@ -228,11 +231,11 @@ class ResidentExecutors:
             self.forget(container_id)
         return len(idle)
 
-    def close(self) -> None:
+    def close(self) -> list[str]:
+        """End every idle executor; the containers whose executors were ended."""
         with self._guard:
             containers = list(self._channels)
-        for container_id in containers:
-            self.forget(container_id)
+        return [container_id for container_id in containers if self.forget(container_id)]
 
 
 def _finished(exchange: Exchange, watch: Watch, started: float) -> RunnerOutput:

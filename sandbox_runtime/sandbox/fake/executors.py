@@ -20,7 +20,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -148,13 +148,13 @@ class HostExecutorEngine:
             return False
         return True
 
-    def reap(self) -> None:
-        """Wait (bounded) for the executors whose channels were closed: each exits once its stdin ends. One still
-        running a run (of another runtime on this backend) is left to it."""
+    def reap(self, container_ids: Collection[str]) -> None:
+        """Wait (bounded) for the executors of these containers, whose channels were closed: each exits once its
+        stdin ends. Another's (running a run or opening, for another runtime on this backend) is left to it."""
         with self._guard:
-            held = list(self._processes.values())
+            held = [process for owner, process in self._processes.values() if owner in container_ids]
         deadline = time.monotonic() + _EXIT_WAIT_S
-        for _container_id, process in held:
+        for process in held:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 process.wait(timeout=max(0.0, deadline - time.monotonic()))
         with self._guard:
