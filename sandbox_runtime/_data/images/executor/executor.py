@@ -112,6 +112,9 @@ _IGNORED = (
     signal.SIGTTOU,
     signal.SIGPIPE,
 )
+# the imports below begin this long after the executor's start (a run before then goes without them): a burst of
+# new sandboxes reaches its first results before their executors take the CPU for imports no run waits for yet
+IMPORTS_AFTER_S = 1.0
 # imported once, while no request waits: the standard library's common modules (and the scripts' tool module)
 STANDARD = (  # noqa: SIM905  (seventy names read better as words)
     "abc argparse array base64 bisect calendar codecs collections collections.abc contextlib copy csv ctypes "
@@ -143,9 +146,13 @@ class Stream:
     def send(self, kind, payload=b""):
         runner._write_all(1, FRAME.pack(kind, len(payload)) + payload)
 
-    def waiting(self):
-        """Whether a request (or the end of the stream) is waiting to be read."""
-        return b"\n" in self.pending or bool(select.select([0], [], [], 0)[0])
+    def waiting(self, until=None):
+        """Whether a request (or the end of the stream) is waiting to be read; with ``until`` (a monotonic time),
+        waits for one until then."""
+        if b"\n" in self.pending:
+            return True
+        wait_s = 0 if until is None else max(0.0, until - time.monotonic())
+        return bool(select.select([0], [], [], wait_s)[0])
 
     def read_request(self):
         """The next request (a dict), blocking; None at the end of the stream or on a line that is not one.
@@ -552,20 +559,22 @@ def _serve_one(stream, spare, job, libraries):
 def _serve(libraries):
     """The executor's loop; returns (in a spare only) that spare, once the executor has forked it.
 
-    The modules are imported one at a time while no request waits (and one before each request, so that runs
-    back to back still get them); once they all are, the heap is frozen and the spare forked before that is
-    replaced by one that has them. A library a run used is loaded the same way after it."""
+    From ``IMPORTS_AFTER_S`` after its start, the modules are imported one at a time while no request waits (and
+    one before each request, so that runs back to back still get them); once they all are, the heap is frozen and
+    the spare forked before that is replaced by one that has them. A library a run used is loaded the same way
+    after it."""
     stream = Stream()
     greeting = stream.read_request()
     if greeting is None or greeting.get("op") != "hello":
         os._exit(0)  # not the host (or it went away): nothing was started
     stream.send(b"R", str(os.getpid()).encode())
+    imports_from = time.monotonic() + IMPORTS_AFTER_S
     loading = [*STANDARD, *(module for name in sorted(libraries) for module in LIBRARIES[name])]
     while True:
         spare = Spare()
         if spare.pid == 0:
             return spare
-        if loading:
+        if loading and (time.monotonic() >= imports_from or not stream.waiting(until=imports_from)):
             _import(loading.pop(0))  # at least one each time round: runs back to back still get them loaded
             while loading and not stream.waiting():
                 _import(loading.pop(0))
