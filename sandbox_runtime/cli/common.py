@@ -73,11 +73,19 @@ def say(line: str) -> None:
     if _json_logs["on"]:
         _said.info(line)
     else:
-        print(line, file=sys.stderr, flush=True)
+        _whole_line(line)
 
 
 def progress(line: str) -> None:
-    print(f"  {line[:160]}", file=sys.stderr, flush=True)
+    _whole_line(f"  {line[:160]}")
+
+
+def _whole_line(line: str) -> None:
+    """``line`` and its newline on stderr in one write, as a log record is written: a record another thread writes
+    meanwhile comes before or after it, never inside it (``print`` writes the newline on its own, and a reader
+    of ``serving MCP at URL`` once got the URL with a log record glued to it)."""
+    sys.stderr.write(line + "\n")
+    sys.stderr.flush()
 
 
 def open_runtime(args: argparse.Namespace, *, sweep: bool = True) -> Runtime:
