@@ -206,15 +206,12 @@ class ResidentExecutors:
             self.restarts += 1
         self.forget(container_id)
 
-    def forget(self, container_id: str) -> bool:
-        """End the container's executor, if it has one (its sandbox is restarted or removed, or it is done); whether
-        one was ended (one serving a run or opening is left to it)."""
+    def forget(self, container_id: str) -> None:
+        """End the container's executor, if it has one (its sandbox is restarted or removed, or it is done)."""
         with self._guard:
             channel = self._channels.pop(container_id, None)
-        if channel is None or channel.busy:
-            return False
-        channel.close()
-        return True
+        if channel is not None and not channel.busy:
+            channel.close()
 
     def discard(self, container_id: str) -> None:
         """The container is removed: end its executor and forget what its runs used."""
@@ -231,11 +228,11 @@ class ResidentExecutors:
             self.forget(container_id)
         return len(idle)
 
-    def close(self) -> list[str]:
-        """End every idle executor; the containers whose executors were ended."""
+    def close(self) -> None:
         with self._guard:
             containers = list(self._channels)
-        return [container_id for container_id in containers if self.forget(container_id)]
+        for container_id in containers:
+            self.forget(container_id)
 
 
 def _finished(exchange: Exchange, watch: Watch, started: float) -> RunnerOutput:

@@ -267,7 +267,8 @@ class FakeBackend(SandboxBackend):
         """The containers stay (another runtime of this process may re-attach them), found at their folders' paths
         from now on, and their idle executors end (each holds no folder of its own; a run starts in its folder):
         nothing here keeps a folder's file system busy once its runs are over."""
-        self._host_executors.reap(self._executors.close())
+        self._executors.close()
+        self._host_executors.reap()
         with self._guard:
             containers = list(self._containers.values())
         for container in containers:

@@ -20,9 +20,10 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 from sandbox_runtime.errors import SandboxError
 from sandbox_runtime.sandbox.backend import RunRequest
@@ -83,6 +84,15 @@ class HostPlace:
         }
 
 
+class _Held(NamedTuple):
+    """An executor this engine started: its container, its process, and the host's end of its channel (closed by
+    the channel's close: the executor then sees its stdin end and exits)."""
+
+    container_id: str
+    process: subprocess.Popen[bytes]
+    channel: socket.socket
+
+
 class HostExecutorEngine:
     """:class:`~sandbox_runtime.sandbox.executors.Engine` for containers that are records: executors are host
     processes. ``place(container_id)`` says where a container's folder is (SandboxGone: no such running
@@ -92,7 +102,7 @@ class HostExecutorEngine:
 
     def __init__(self, place: Callable[[str], HostPlace]) -> None:
         self._place = place
-        self._processes: dict[str, tuple[str, subprocess.Popen[bytes]]] = {}  # exec id -> (container, process)
+        self._processes: dict[str, _Held] = {}  # by exec id
         self._guard = threading.Lock()
 
     def open_exec(self, container_id: str, command: tuple[str, ...], request: RunRequest) -> tuple[object, str]:
@@ -117,8 +127,8 @@ class HostExecutorEngine:
         exec_id = secrets.token_hex(16)
         threading.Thread(target=_log_diagnostics, args=(container_id, process), daemon=True).start()
         with self._guard:
-            self._processes = {key: held for key, held in self._processes.items() if held[1].poll() is None}
-            self._processes[exec_id] = (container_id, process)
+            self._processes = {key: held for key, held in self._processes.items() if held.process.poll() is None}
+            self._processes[exec_id] = _Held(container_id, process, ours)
         return ours, exec_id
 
     def watch(self, container_id: str) -> Watch:
@@ -135,7 +145,7 @@ class HostExecutorEngine:
         if held is None:
             return None
         try:
-            code = held[1].wait(timeout=_EXIT_WAIT_S)
+            code = held.process.wait(timeout=_EXIT_WAIT_S)
         except subprocess.TimeoutExpired:
             return None
         return 128 - code if code < 0 else code
@@ -148,22 +158,22 @@ class HostExecutorEngine:
             return False
         return True
 
-    def reap(self, container_ids: Collection[str]) -> None:
-        """Wait (bounded) for the executors of these containers, whose channels were closed: each exits once its
-        stdin ends. Another's (running a run or opening, for another runtime on this backend) is left to it."""
+    def reap(self) -> None:
+        """Wait (bounded) for the executors whose channels were closed: each exits once its stdin ends. One whose
+        channel is open (serving a run or opening, for another runtime on this backend, say) is left to it."""
         with self._guard:
-            held = [process for owner, process in self._processes.values() if owner in container_ids]
+            closed = [held.process for held in self._processes.values() if held.channel.fileno() == -1]
         deadline = time.monotonic() + _EXIT_WAIT_S
-        for process in held:
+        for process in closed:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 process.wait(timeout=max(0.0, deadline - time.monotonic()))
         with self._guard:
-            self._processes = {key: held for key, held in self._processes.items() if held[1].poll() is None}
+            self._processes = {key: held for key, held in self._processes.items() if held.process.poll() is None}
 
     def end_container(self, container_id: str) -> None:
         """End every process of the sessions of this container's executors (the executors with them), bounded."""
         with self._guard:
-            processes = [process for owner, process in self._processes.values() if owner == container_id]
+            processes = [held.process for held in self._processes.values() if held.container_id == container_id]
         sessions = {process.pid for process in processes}
         deadline = time.monotonic() + _END_WAIT_S
         while sessions:
