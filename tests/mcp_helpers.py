@@ -6,6 +6,7 @@ import base64
 import io
 import os
 import queue
+import re
 import subprocess
 import sys
 import threading
@@ -112,13 +113,18 @@ def serve_process(
 
 def line_starting(lines: queue.Queue[str | None], start: str, *, within_s: float = SERVE_START_S) -> str:
     """The rest of the first line of ``serve``'s stderr that starts with ``start`` (bounded)."""
+    return line_matching(lines, re.escape(start), within_s=within_s).removeprefix(start).strip()
+
+
+def line_matching(lines: queue.Queue[str | None], pattern: str, *, within_s: float = SERVE_START_S) -> str:
+    """The first line of ``serve``'s stderr whose start matches ``pattern`` (bounded)."""
     deadline = time.monotonic() + within_s
     while True:
         line = lines.get(timeout=max(0.1, deadline - time.monotonic()))
         if line is None:
-            raise AssertionError(f"serve ended before it printed {start!r}")
-        if line.startswith(start):
-            return line.removeprefix(start).strip()
+            raise AssertionError(f"serve ended before it printed {pattern!r}")
+        if re.match(pattern, line):
+            return line
 
 
 @contextmanager

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import queue
-import re
 import signal
 import sqlite3
 import subprocess
@@ -25,7 +24,15 @@ from mcp.client.streamable_http import streamable_http_client
 from sandbox_runtime.sandbox.docker.backend import DockerBackend
 from sandbox_runtime.sandbox.labels import LABEL_CONVERSATION, LABEL_POOL_SLOT, LABEL_STATE_DIR
 from tests.conftest import FAKE_POLICY, SESSION, TEST_LABEL, RuntimeFactory, mounts_under
-from tests.mcp_helpers import line_starting, request_meta, run_bounded, serve_command, serve_process, text_of
+from tests.mcp_helpers import (
+    line_matching,
+    line_starting,
+    request_meta,
+    run_bounded,
+    serve_command,
+    serve_process,
+    text_of,
+)
 
 GRACE_S = 6.0
 STOPPED_WITHIN_S = 90.0  # the grace, the cancelled run's end, the pool's removal and the unmounts
@@ -194,10 +201,7 @@ def test_a_sigterm_right_after_the_server_says_it_serves_stops_it(
     served = ("--http", "127.0.0.1:0") if transport == "http" else ()
     command = serve_command(state, *served, policy=policy)
     with serve_process(command, stdin=subprocess.PIPE) as (process, lines):  # stdio: its client stays connected
-        last_before_serving = r"serving MCP at " if transport == "http" else r"\d+ tools: "
-        deadline = time.monotonic() + POOL_READY_S
-        while not re.match(last_before_serving, lines.get(timeout=max(0.1, deadline - time.monotonic())) or ""):
-            assert process.poll() is None, "serve ended before it served"
+        line_matching(lines, r"serving MCP at " if transport == "http" else r"\d+ tools: ")  # its last before serving
         process.send_signal(signal.SIGTERM)
         assert process.wait(timeout=STOPPED_WITHIN_S) == 0
     assert mounts_under(state) == []
